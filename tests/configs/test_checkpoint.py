@@ -1,0 +1,97 @@
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from configs import checkpoint, sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    width: int = 8
+    layers: int = 2
+    name: str = "tiny"
+    sizes: tuple[int, ...] = (1, 2)
+
+
+def _params(mesh):
+    rng = np.random.default_rng(0)
+    w = jax.device_put(rng.normal(size=(8, 16)).astype(np.float32), NamedSharding(mesh, P("data", "model")))
+    b = jax.device_put(rng.normal(size=(16,)).astype(np.float32), NamedSharding(mesh, P("model")))
+    e = jax.device_put(jnp.arange(12, dtype=jnp.bfloat16).reshape(3, 4), NamedSharding(mesh, P()))
+    return {"layer": {"kernel": w, "bias": b}, "embed": e}
+
+
+def test_save_restore_plain_orbax_subprocess(tmp_path, devices):
+    mesh = sharding.make_mesh(data=4, model=2)
+    params = _params(mesh)
+    path = checkpoint.save(tmp_path / "ck", params, config=Cfg(), kind="test", provenance={"source": "unit"})
+    meta = json.loads((tmp_path / "ck" / "metadata.json").read_text())
+    assert meta["format_version"] == checkpoint.FORMAT_VERSION
+    assert meta["config"] == {"width": 8, "layers": 2, "name": "tiny", "sizes": [1, 2]}
+    assert meta["config_class"].endswith("Cfg")
+    assert meta["params"]["layer/kernel"] == [[8, 16], "float32"]
+
+    out = tmp_path / "restored.npz"
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, jax, orbax.checkpoint as ocp
+        ck, p = ocp.StandardCheckpointer(), {os.path.join(path, "params")!r}
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        md = ck.metadata(p).item_metadata.tree
+        tree = ck.restore(p, jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md))
+        flat = {{"/".join(str(k.key) for k in p): np.asarray(v.astype(np.float32))
+                for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}}
+        np.savez({str(out)!r}, **flat)
+        bad = [m for m in sys.modules if m.split(".")[0] in ("flax", "configs", "sage_jax", "pgla_jax")]
+        assert not bad, bad
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path)
+    got = np.load(out)
+    np.testing.assert_array_equal(got["layer/kernel"], np.asarray(params["layer"]["kernel"]))
+    np.testing.assert_array_equal(got["layer/bias"], np.asarray(params["layer"]["bias"]))
+    np.testing.assert_array_equal(got["embed"], np.asarray(params["embed"].astype(jnp.float32)))
+
+
+def test_restore_onto_mesh_and_mismatch(tmp_path, devices):
+    mesh = sharding.make_mesh(data=4, model=2)
+    params = _params(mesh)
+    path = checkpoint.save(tmp_path / "ck", params, config=Cfg())
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
+    back = checkpoint.restore(path, target)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding == b.sharding
+
+    wrong = dict(target, layer={"kernel": jax.ShapeDtypeStruct((8, 32), jnp.float32), "bias": target["layer"]["bias"]})
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.restore(path, wrong)
+    msg = str(e.value)
+    assert "\n" not in msg and "'layer/kernel'" in msg and "(8, 16)" in msg and "(8, 32)" in msg
+
+    missing = {"layer": target["layer"]}
+    with pytest.raises(checkpoint.CheckpointError, match="unexpected key 'embed'"):
+        checkpoint.restore(path, missing)
+
+
+def test_no_silent_overwrite(tmp_path):
+    params = {"w": np.ones((2, 2), np.float32)}
+    checkpoint.save(tmp_path / "ck", params)
+    with pytest.raises(checkpoint.CheckpointError, match="already holds a checkpoint"):
+        checkpoint.save(tmp_path / "ck", {"w": np.zeros((2, 2), np.float32)})
+    checkpoint.save(tmp_path / "ck", {"w": np.zeros((2, 2), np.float32)}, overwrite=True)
+    np.testing.assert_array_equal(np.asarray(checkpoint.restore(tmp_path / "ck")["w"]), 0)
+
+
+def test_not_a_checkpoint(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="is not a checkpoint"):
+        checkpoint.read_metadata(tmp_path)
