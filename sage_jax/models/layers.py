@@ -1,0 +1,92 @@
+"""Stateless building blocks: RMSNorm, rotary embeddings (with HF's scaling variants), grouped-query attention."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from sage_jax.models.config import RopeConfig
+
+# Finite, so that a query row with no visible key (a padding slot) yields a uniform softmax instead of NaN.
+MASK_VALUE = -1e30
+
+
+def rms_norm(x: Float[Array, "... D"], scale: Float[Array, " D"], eps: float) -> Float[Array, "... D"]:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
+    """(inverse frequencies [H/2], attention scaling) for a rotary config, as transformers computes them."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv = 1.0 / rope.theta**exponents
+    if rope.type == "default":
+        return inv.astype(np.float32), 1.0
+    if rope.type == "linear":
+        return (inv / rope.factor).astype(np.float32), 1.0
+    if rope.type == "llama3":
+        low_wl = rope.original_max_position / rope.low_freq_factor
+        high_wl = rope.original_max_position / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wl, inv / rope.factor, inv)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
+    if rope.type == "yarn":
+        dim, base, factor = head_dim, rope.theta, rope.factor
+        attn = rope.attention_factor if rope.attention_factor is not None else (
+            0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+        def corr_dim(rot):
+            return dim * math.log(rope.original_max_position / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(corr_dim(rope.beta_fast)), 0)
+        high = min(math.ceil(corr_dim(rope.beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        inv_interp = inv / factor
+        return (inv_interp * (1 - extrapolation) + inv * extrapolation).astype(np.float32), float(attn)
+    raise ValueError(f"unknown rope type {rope.type!r}")
+
+
+def apply_rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: np.ndarray,
+               scale: float = 1.0) -> Float[Array, "B T N H"]:
+    """HF layout ("rotate half"): pairs (x[i], x[i + H/2]) rotate together."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+    cos = (jnp.cos(angles) * scale)[:, :, None, :]
+    sin = (jnp.sin(angles) * scale)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+              mask: Bool[Array, "B T S"]) -> Float[Array, "B T N H"]:
+    """Grouped-query attention of T queries over S keys under an arbitrary boolean visibility mask.
+
+    The mask carries everything: causal order, left padding, a speculative tree's ancestor relation.
+    This is the XLA path and the oracle of the Pallas kernels.
+    """
+    b, t, n, h = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, n // kh, h)
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * (h**-0.5)
+    s = jnp.where(mask[:, None, None], s, MASK_VALUE)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)
+    return o.reshape(b, t, n, h)
+
+
+def causal_mask(t: int, pad_left: Int[Array, " B"]) -> Bool[Array, "B T T"]:
+    """Causal mask over a self-contained length-t sequence whose first `pad_left[b]` slots are padding."""
+    i = jnp.arange(t)
+    return (i[None, :] <= i[:, None])[None] & (i[None, None, :] >= pad_left[:, None, None])
