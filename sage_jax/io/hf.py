@@ -1,0 +1,246 @@
+"""Hugging Face (transformers) Llama / Qwen2 checkpoints <-> our parameter tree, through one name-mapping table.
+
+Reading needs only `safetensors.numpy` (no torch). The same table, run backwards, writes `config.json` +
+`model.safetensors` that `transformers.AutoModelForCausalLM.from_pretrained` loads. The GGUF reader
+(`sage_jax.io.gguf`) renames its tensors to HF names and then goes through this table too, so every route into
+our layout shares one set of transforms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from sage_jax.models.config import LMConfig
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """HF tensor (torch layout: Linear weights are [out, in]) <-> our tensor, given the head dim H."""
+
+    to_ours: Callable[[np.ndarray, int], np.ndarray]
+    to_hf: Callable[[np.ndarray, int], np.ndarray]
+
+
+COPY = Transform(lambda w, h: w, lambda w, h: w)
+T = Transform(lambda w, h: w.T, lambda w, h: w.T)  # [out, in] <-> [in, out]
+# q/k/v projections: [N*H, D] <-> [D, N, H]
+IN_HEADS = Transform(lambda w, h: w.T.reshape(w.shape[1], -1, h), lambda w, h: w.reshape(w.shape[0], -1).T)
+# o projection: [D, N*H] <-> [N, H, D]
+OUT_HEADS = Transform(lambda w, h: w.T.reshape(-1, h, w.shape[0]), lambda w, h: w.reshape(-1, w.shape[-1]).T)
+# q/k/v biases: [N*H] <-> [N, H]
+BIAS_HEADS = Transform(lambda w, h: w.reshape(-1, h), lambda w, h: w.reshape(-1))
+
+_L = r"model\.layers\.(\d+)\."
+#: The one mapping table: (regex on the canonical HF name, our path, transform). A regex with a group is a
+#: per-layer tensor; the group is the layer index on our stacked leading axis.
+TABLE: tuple[tuple[str, str, Transform], ...] = (
+    (r"model\.embed_tokens\.weight", "embed", COPY),
+    (r"model\.norm\.weight", "final_norm", COPY),
+    (r"lm_head\.weight", "lm_head", T),
+    (_L + r"input_layernorm\.weight", "blocks/attn_norm", COPY),
+    (_L + r"post_attention_layernorm\.weight", "blocks/mlp_norm", COPY),
+    (_L + r"self_attn\.q_proj\.weight", "blocks/wq", IN_HEADS),
+    (_L + r"self_attn\.k_proj\.weight", "blocks/wk", IN_HEADS),
+    (_L + r"self_attn\.v_proj\.weight", "blocks/wv", IN_HEADS),
+    (_L + r"self_attn\.q_proj\.bias", "blocks/bq", BIAS_HEADS),
+    (_L + r"self_attn\.k_proj\.bias", "blocks/bk", BIAS_HEADS),
+    (_L + r"self_attn\.v_proj\.bias", "blocks/bv", BIAS_HEADS),
+    (_L + r"self_attn\.o_proj\.weight", "blocks/wo", OUT_HEADS),
+    (_L + r"mlp\.gate_proj\.weight", "blocks/w_gate", T),
+    (_L + r"mlp\.up_proj\.weight", "blocks/w_up", T),
+    (_L + r"mlp\.down_proj\.weight", "blocks/w_down", T),
+)
+_COMPILED = tuple((re.compile(rx), path, tr) for rx, path, tr in TABLE)
+
+# Hub files of VLMs and newer transformers name the text model `model.language_model.*` (or
+# `language_model.model.*`); older buffers and the other towers are not part of an LM.
+_PREFIXES = ((re.compile(r"^(model\.language_model\.|language_model\.model\.)"), "model."),
+             (re.compile(r"^language_model\.lm_head\."), "lm_head."))
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq$|^(model\.)?(visual|vision_tower|multi_modal_projector|image_newline))")
+
+
+def canonical_name(name: str) -> str:
+    for rx, repl in _PREFIXES:
+        name = rx.sub(repl, name)
+    return name
+
+
+def to_params(cfg: LMConfig, tensors: Iterable[tuple[str, np.ndarray]]) -> Params:
+    """(HF name, array) pairs -> our nested params dict (float32 numpy), layers stacked on axis 0."""
+    flat: dict[str, Any] = {}
+    per_layer: dict[str, dict[int, np.ndarray]] = {}
+    for name, array in tensors:
+        name = canonical_name(name)
+        if _IGNORED.search(name):
+            continue
+        for rx, path, tr in _COMPILED:
+            m = rx.fullmatch(name)
+            if m:
+                w = np.asarray(tr.to_ours(np.asarray(array, np.float32), cfg.head_dim))
+                if m.groups():
+                    per_layer.setdefault(path, {})[int(m.group(1))] = w
+                else:
+                    flat[path] = w
+                break
+        else:
+            raise ValueError(f"unexpected tensor {name!r} for a Llama/Qwen2 LM")
+    for path, layers in per_layer.items():
+        missing = sorted(set(range(cfg.n_layers)) - set(layers))
+        if missing or len(layers) != cfg.n_layers:
+            raise ValueError(f"{path}: layers {missing or sorted(layers)} missing or extra for n_layers={cfg.n_layers}")
+        flat[path] = np.stack([layers[i] for i in range(cfg.n_layers)])
+    if cfg.tie_embeddings:
+        flat.pop("lm_head", None)  # some exporters write the tied head out anyway
+    expected = {p for _, p, _ in TABLE if p != "lm_head" or not cfg.tie_embeddings}
+    if not cfg.qkv_bias:
+        expected -= {"blocks/bq", "blocks/bk", "blocks/bv"}
+    if set(flat) != expected:
+        raise ValueError(f"tensors do not fit the config: missing {sorted(expected - set(flat))}, "
+                         f"unexpected {sorted(set(flat) - expected)}")
+    return unflatten(flat)
+
+
+def from_params(cfg: LMConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Our params -> {HF name: float32 array}, the inverse of `to_params` (canonical `model.layers.*` names)."""
+    flat = flatten(params)
+    out: dict[str, np.ndarray] = {}
+    for rx, path, tr in TABLE:
+        if path not in flat:
+            continue
+        w = np.asarray(flat[path], np.float32)
+        name = rx.replace("\\.", ".")
+        if name.startswith(_L.replace("\\.", ".")):
+            for i in range(w.shape[0]):
+                out[name.replace("(\\d+)", str(i))] = np.ascontiguousarray(tr.to_hf(w[i], cfg.head_dim))
+        else:
+            out[name] = np.ascontiguousarray(tr.to_hf(w, cfg.head_dim))
+    return out
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        p = f"{prefix}/{k}" if prefix else k
+        out.update(flatten(v, p) if isinstance(v, Mapping) else {p: v})
+    return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> Params:
+    out: Params = {}
+    for path, v in flat.items():
+        *parents, leaf = path.split("/")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- directories
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    path = os.fspath(path)
+    return os.path.isfile(os.path.join(path, "config.json")) and (
+        os.path.isfile(os.path.join(path, "model.safetensors"))
+        or os.path.isfile(os.path.join(path, "model.safetensors.index.json")))
+
+
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(path, s) for s in shards]
+    return [os.path.join(path, "model.safetensors")]
+
+
+def _tensors(files: list[str]):
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
+
+
+def read_config(path: str | os.PathLike) -> LMConfig:
+    with open(os.path.join(os.fspath(path), "config.json")) as f:
+        hf = json.load(f)
+    return LMConfig.from_hf(hf.get("text_config", hf) if "text_config" in hf else hf)
+
+
+def read_tokenizer(path: str | os.PathLike):
+    """The directory's tokenizer (`tokenizer.json` + `tokenizer_config.json`), or None if it has none."""
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return None
+    # Not AutoTokenizer: it imports torch when torch is installed; this class never does.
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def read_hf(path: str | os.PathLike) -> tuple[LMConfig, Params, Any]:
+    """An HF directory (config.json + model.safetensors or a sharded index) -> (config, float32 params, tokenizer)."""
+    path = os.fspath(path)
+    if not is_hf_dir(path):
+        raise ValueError(f"{path} is not an HF model directory (expected config.json and model.safetensors)")
+    cfg = read_config(path)
+    params = to_params(cfg, _tensors(_safetensors_files(path)))
+    return cfg, params, read_tokenizer(path)
+
+
+def hf_config(cfg: LMConfig) -> dict[str, Any]:
+    """Our config -> a transformers `config.json` dict (Qwen2 when the config has q/k/v biases, else Llama)."""
+    r = cfg.rope
+    rope: dict[str, Any] = {"rope_type": r.type, "rope_theta": r.theta}
+    if r.type != "default":
+        rope["factor"] = r.factor
+    if r.type == "llama3":
+        rope.update(low_freq_factor=r.low_freq_factor, high_freq_factor=r.high_freq_factor,
+                    original_max_position_embeddings=r.original_max_position)
+    if r.type == "yarn":
+        rope.update(beta_fast=r.beta_fast, beta_slow=r.beta_slow,
+                    original_max_position_embeddings=r.original_max_position)
+        if r.attention_factor is not None:
+            rope["attention_factor"] = r.attention_factor
+    qwen = cfg.qkv_bias
+    eos = list(cfg.eos_token_ids)
+    out = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": "qwen2" if qwen else "llama",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position, "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": rope, "rope_theta": r.theta, "tie_word_embeddings": cfg.tie_embeddings,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None), "pad_token_id": cfg.pad_token_id,
+        "torch_dtype": "float32", "dtype": "float32",
+    }
+    if not qwen:
+        out.update(attention_bias=False, mlp_bias=False)
+    return out
+
+
+def write_hf(path: str | os.PathLike, cfg: LMConfig, params: Mapping[str, Any], tokenizer=None) -> str:
+    """Writes `config.json` + `model.safetensors` (float32) (+ the tokenizer's files) loadable by transformers."""
+    from safetensors.numpy import save_file
+
+    path = os.path.abspath(os.fspath(path))
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config(cfg), f, indent=1)
+    save_file(from_params(cfg, params), os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

