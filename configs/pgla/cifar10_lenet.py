@@ -1,0 +1,17 @@
+"""DLG LeNet on 32×32×3 CIFAR-10 images from local python-pickle files (never downloaded; pass the folder).
+
+    python -m pgla_jax.attack --config cifar10_lenet --data-path ~/data/cifar-10-batches-py --out runs/cifar
+"""
+
+from pgla_jax.config import AttackConfig, DataConfig, ExperimentConfig, ProtectionConfig, VictimConfig
+
+
+def get_config() -> ExperimentConfig:
+    return ExperimentConfig(
+        data=DataConfig(name="cifar10", split="test", path=None),
+        victim=VictimConfig(kind="lenet", image_shape=(32, 32, 3), num_classes=10),
+        protection=ProtectionConfig(),
+        attack=AttackConfig(kind="dlg", iterations=300),
+        batch_size=1,
+        num_images=4,
+    )
