@@ -66,7 +66,8 @@ def _block(cfg: LMConfig, p: dict, x, positions, k_cache, v_cache, write_pos, ma
     k = jnp.einsum("BTD,DKH->BTKH", h, p["wk"].astype(dt))
     v = jnp.einsum("BTD,DKH->BTKH", h, p["wv"].astype(dt))
     if cfg.qkv_bias:
-        q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
+        # [N, H] biases get explicit leading axes: the project runs with jax_numpy_rank_promotion="raise".
+        q, k, v = (a + p[b].astype(dt)[None, None] for a, b in ((q, "bq"), (k, "bk"), (v, "bv")))
     q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale), ("batch", "seq", "heads", "head_dim"))
     k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale), ("batch", "seq", "kv_heads", "head_dim"))
     if k_cache is not None:

@@ -18,7 +18,8 @@ MASK_VALUE = -1e30
 def rms_norm(x: Float[Array, "... D"], scale: Float[Array, " D"], eps: float) -> Float[Array, "... D"]:
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+    # Explicit leading axes: the project runs with jax_numpy_rank_promotion="raise".
+    return (y * scale.astype(jnp.float32).reshape((1,) * (y.ndim - 1) + (-1,))).astype(x.dtype)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
@@ -61,7 +62,7 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
 def apply_rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: np.ndarray,
                scale: float = 1.0) -> Float[Array, "B T N H"]:
     """HF layout ("rotate half"): pairs (x[i], x[i + H/2]) rotate together."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]  # [B, T, H/2]
     cos = (jnp.cos(angles) * scale)[:, :, None, :]
     sin = (jnp.sin(angles) * scale)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
