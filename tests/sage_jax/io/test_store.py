@@ -1,0 +1,116 @@
+"""Our LM checkpoint (save -> load, onto meshes), `load_lm` input detection, and the convert CLI."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import sharding
+from sage_jax import convert
+from sage_jax.io import hf, load, load_lm, save_lm, store
+from sage_jax.models.config import LMConfig
+from sage_jax.models.decoder import Decoder
+
+CFG = LMConfig.tiny()
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 128, size=(2, 12)), jnp.int32)
+
+
+def _params(cfg=CFG):
+    return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(3)), nnx.Param)))
+
+
+def _pure(model):
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    save_lm(path, CFG, _params(), provenance={"source": "test", "sha256": "0" * 64})
+    return path
+
+
+def test_checkpoint_round_trip_is_exact(ckpt):
+    cfg, model, tok = load_lm(ckpt)
+    assert cfg == CFG and tok is None
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), _pure(model), _params())
+    meta = store.checkpoint.read_metadata(ckpt)
+    assert meta["kind"] == "lm" and meta["provenance"]["source"] == "test"
+
+
+@pytest.mark.parametrize("n_devices,model_axis", [(2, 2), (8, 2)])
+def test_checkpoint_restores_onto_a_mesh(ckpt, devices, n_devices, model_axis):
+    mesh = sharding.make_mesh(model=model_axis, devices=devices[:n_devices])
+    _, model, _ = load_lm(ckpt, mesh=mesh)
+    wq = model.blocks.wq[...]
+    assert wq.sharding.mesh.shape == mesh.shape
+    assert wq.sharding.spec == jax.sharding.PartitionSpec(None, None, "model", None)  # heads on `model`
+    assert len(wq.addressable_shards) == n_devices
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), _pure(model), _params())
+    with sharding.use(mesh):
+        sharded = nnx.jit(lambda m, x: m(x)[0])(model, TOKENS)
+    plain = store.build(CFG, _params())(TOKENS)[0]
+    np.testing.assert_allclose(np.asarray(sharded), np.asarray(plain), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_and_mismatched_params(ckpt):
+    cfg, model, _ = load_lm(ckpt, dtype="bfloat16")
+    assert cfg.param_dtype == cfg.dtype == "bfloat16" and model.embed[...].dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        load_lm(ckpt, dtype="float16")
+    with pytest.raises(ValueError, match="does not fit the config"):
+        store.build(CFG.replace(mlp_dim=32), _params())
+
+
+def test_load_lm_rejects_missing_and_unknown_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        load_lm(tmp_path / "nope")
+    (tmp_path / "x.bin").write_bytes(b"not a model")
+    for bad in (tmp_path, tmp_path / "x.bin"):
+        with pytest.raises(ValueError, match="is not a GGUF file, an HF directory"):
+            load_lm(bad)
+
+
+def test_hf_dir_loads_without_torch(tmp_path):
+    """The runtime path (HF dir with a tokenizer -> load_lm -> forward) never imports torch."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(vocab={chr(97 + i): i for i in range(26)}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.write_hf(tmp_path, CFG, _params(), tokenizer=PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="a"))
+    code = ("import sys; from sage_jax.io import load_lm; cfg, m, tok = load_lm(sys.argv[1]); "
+            "import jax.numpy as jnp; m(jnp.asarray([tok.encode('abc')])); "
+            "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_convert_cli(tmp_path, capsys):
+    src = tmp_path / "hf"
+    hf.write_hf(src, CFG, _params())
+    out = tmp_path / "ckpt"
+    assert convert.main([str(src), str(out), "--dtype", "bfloat16"]) == 0
+    cfg, model, _ = load_lm(out)
+    assert cfg.param_dtype == "bfloat16" and model.blocks.wq[...].dtype == jnp.bfloat16
+    assert load.detect(out) == "checkpoint"
+    capsys.readouterr()
+    for argv in ([str(tmp_path / "missing"), str(tmp_path / "o1")],  # missing SRC
+                 [str(src), str(out)],  # OUT exists, no --force
+                 [str(tmp_path / "hf" / "config.json"), str(tmp_path / "o2")]):  # not a model
+        assert convert.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert convert.main([str(src), str(out), "--force"]) == 0
+    assert load_lm(out)[0].param_dtype == "float32"
+
+
+def test_convert_cli_process_exit_code(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sage_jax.convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
