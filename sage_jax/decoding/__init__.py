@@ -1,0 +1,1 @@
+"""Decoding: sampling, tree policies, verification, the speculative loop and the autoregressive baseline."""

@@ -1,0 +1,155 @@
+"""Level-synchronous tree drafting: one draft forward per level over the frontier, under a tree mask.
+
+A candidate pool (fixed shape, policy-sized) grows level by level; the policy's admission rule decides which
+top-k children of each frontier node enter, in priority order, under the node budget; the best `frontier`
+newcomers become the next level's frontier. The draft keys/values of level-d frontier nodes live in the draft
+cache at slot `length + 1 + (d - 1)·F + f` (the root at `length`), so every query sees exactly its ancestors.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from sage_jax.decoding import policies
+from sage_jax.decoding import tree as tree_lib
+from sage_jax.decoding.drafts import Drafter
+from sage_jax.models.kv_cache import KVCache
+
+
+@flax.struct.dataclass
+class Pool:
+    """Candidate nodes of one step (slot 0 = root).
+
+    Attributes:
+      tokens, parent, depth, logp (cumulative), local_p (own draft probability), valid: [B, P].
+      ancestors: [B, P, P].  dslot: [B, P] draft-cache offset of an expanded node (-1 if never expanded).
+      alpha: [B, P] confidence of an expanded node's draft distribution (NaN if never expanded).
+      count: [B] slots in use.
+    """
+
+    tokens: Int[Array, "B P"]
+    parent: Int[Array, "B P"]
+    depth: Int[Array, "B P"]
+    logp: Float[Array, "B P"]
+    local_p: Float[Array, "B P"]
+    valid: Bool[Array, "B P"]
+    ancestors: Bool[Array, "B P P"]
+    dslot: Int[Array, "B P"]
+    alpha: Float[Array, "B P"]
+    count: Int[Array, " B"]
+
+    @classmethod
+    def start(cls, root: Int[Array, " B"], root_alpha: Float[Array, " B"], size: int) -> Pool:
+        b = root.shape[0]
+        zeros_i = jnp.zeros((b, size), jnp.int32)
+        first = jnp.arange(size) == 0
+        return cls(
+            tokens=zeros_i.at[:, 0].set(root), parent=zeros_i - 1, depth=zeros_i,
+            logp=jnp.zeros((b, size), jnp.float32), local_p=jnp.zeros((b, size), jnp.float32).at[:, 0].set(1.0),
+            valid=jnp.broadcast_to(first, (b, size)), ancestors=jnp.zeros((b, size, size), bool).at[:, 0, 0].set(True),
+            dslot=jnp.where(first, 0, -1).astype(jnp.int32) + zeros_i,
+            alpha=jnp.full((b, size), jnp.nan, jnp.float32).at[:, 0].set(root_alpha),
+            count=jnp.ones((b,), jnp.int32),
+        )
+
+
+@flax.struct.dataclass
+class _Frontier:
+    idx: Int[Array, "B F"]  # pool slots of the nodes to expand
+    valid: Bool[Array, "B F"]
+    logq: Float[Array, "B F V"]  # their draft log-probabilities
+
+
+def _expand(policy: policies.TreePolicy, level, shape: policies.StepShape, pool: Pool, fr: _Frontier
+            ) -> tuple[Pool, Int[Array, "B F"], Bool[Array, "B F"], Int[Array, "B F"]]:
+    """Admits one level of children. Returns the pool and the new frontier's (slots, validity, tokens)."""
+    b, f = fr.idx.shape
+    k, kc, size = policy.top_k, policy.per_level, pool.tokens.shape[1]
+    logq, ids = jax.lax.top_k(fr.logq, k)  # [B,F,k]
+    par_cum = jnp.take_along_axis(pool.logp, fr.idx, 1)
+    par_local = jnp.take_along_axis(pool.local_p, fr.idx, 1)
+    allowed, prio = policies.admission(policy, level, shape, fr.valid, par_local, par_cum, logq)
+    score = jnp.where(allowed, prio, -jnp.inf).reshape(b, f * k)
+    top, cand = jax.lax.top_k(score, kc)  # [B,Kc], best first
+    room = size - pool.count
+    j = jnp.arange(kc)[None, :]
+    admit = jnp.isfinite(top) & (j < room[:, None])
+    n_admit = jnp.sum(admit, axis=1).astype(jnp.int32)
+    slot = jnp.where(admit, pool.count[:, None] + j, size)  # `size` = dropped by the scatter
+    parent = jnp.take_along_axis(fr.idx, cand // k, 1)
+    token = jnp.take_along_axis(ids.reshape(b, f * k), cand, 1)
+    lq = jnp.take_along_axis(logq.reshape(b, f * k), cand, 1)
+    cum = jnp.take_along_axis(par_cum, cand // k, 1) + lq
+    anc_rows = jnp.take_along_axis(pool.ancestors, parent[:, :, None], 1) | jax.nn.one_hot(slot, size, dtype=bool)
+
+    def put(a, v):
+        return jax.vmap(lambda a_, s_, v_: a_.at[s_].set(v_, mode="drop"))(a, slot, v)
+
+    pool = pool.replace(
+        tokens=put(pool.tokens, token), parent=put(pool.parent, parent),
+        depth=put(pool.depth, jnp.broadcast_to(level, slot.shape).astype(jnp.int32)),
+        logp=put(pool.logp, cum), local_p=put(pool.local_p, jnp.exp(lq)), valid=put(pool.valid, admit),
+        ancestors=put(pool.ancestors, anc_rows), count=pool.count + n_admit,
+    )
+    new_valid = admit[:, :f] if kc >= f else jnp.pad(admit, ((0, 0), (0, f - kc)))
+    pad_to_f = (lambda a: a[:, :f]) if kc >= f else (lambda a: jnp.pad(a, ((0, 0), (0, f - kc))))
+    return pool, jnp.where(new_valid, pad_to_f(slot), 0), new_valid, pad_to_f(token)
+
+
+def build_tree(
+    policy: policies.TreePolicy,
+    drafter: Drafter,
+    cache: KVCache,
+    root: Int[Array, " B"],
+    root_logq: Float[Array, "B V"],
+    root_alpha: Float[Array, " B"],
+    shape: policies.StepShape,
+    length: Int[Array, " B"],
+    pad: Int[Array, " B"],
+) -> tuple[tree_lib.Tree, Pool, KVCache, Int[Array, ""]]:
+    """Drafts one tree. `length`: the committed prefix (the root's slot); the root's own draft distribution is
+    `root_logq`. Returns the verified-tree view, the pool (for α statistics), the cache and the number of draft
+    forwards spent on levels >= 2."""
+    b = root.shape[0]
+    f, capacity = policy.frontier, cache.capacity
+    pool = Pool.start(root, root_alpha, policy.pool_size)
+    first = _Frontier(idx=jnp.zeros((b, f), jnp.int32), valid=(jnp.arange(f) == 0)[None].repeat(b, 0),
+                      logq=jnp.zeros((b, f) + root_logq.shape[-1:], root_logq.dtype).at[:, 0].set(root_logq))
+    pool, f_idx, f_valid, f_tok = _expand(policy, jnp.int32(1), shape, pool, first)
+    max_depth = jnp.minimum(jnp.max(shape.depth), policy.d_cap)
+
+    def cond(carry):
+        level, _, _, f_valid, _, _, _ = carry
+        return (level <= max_depth) & jnp.any(f_valid)
+
+    def body(carry):
+        level, pool, f_idx, f_valid, f_tok, cache, n_fwd = carry
+        # The frontier holds depth (level-1) nodes: give them draft slots, then score them in one forward.
+        base = 1 + (level - 2) * f
+        dslot = jax.vmap(lambda d, s, v: d.at[s].set(v, mode="drop"))(
+            pool.dslot, jnp.where(f_valid, f_idx, pool.dslot.shape[1]), base + jnp.arange(f)[None].repeat(b, 0))
+        pool = pool.replace(dslot=dslot)
+        anc = jnp.take_along_axis(pool.ancestors, f_idx[:, :, None], 1)  # [B,F,P]
+        onehot = jax.nn.one_hot(dslot, policy.draft_slots, dtype=jnp.float32)  # -1 -> all zeros
+        vis = jnp.einsum("BFP,BPR->BFR", anc.astype(jnp.float32), onehot) > 0
+        mask = tree_lib.tree_visibility(vis, length, pad, capacity)
+        positions = (length - pad)[:, None] + (level - 1) + jnp.zeros((b, f), jnp.int32)
+        logq, cache = drafter(f_tok, positions, mask, cache, length + base)
+        alpha = policies.confidence(logq, policy.top_k)
+        pool = pool.replace(alpha=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(
+            pool.alpha, jnp.where(f_valid, f_idx, pool.alpha.shape[1]), alpha))
+        pool, f_idx, f_valid, f_tok = _expand(policy, level, shape, pool, _Frontier(f_idx, f_valid, logq))
+        return level + 1, pool, f_idx, f_valid, f_tok, cache, n_fwd + 1
+
+    carry = (jnp.int32(2), pool, f_idx, f_valid, f_tok, cache, jnp.int32(0))
+    _, pool, _, _, _, cache, n_fwd = jax.lax.while_loop(cond, body, carry)
+    if policy.pool_size == policy.n_max + 1:
+        t = tree_lib.Tree(tokens=pool.tokens, parent=jnp.where(pool.valid, pool.parent, -1), depth=pool.depth,
+                          logp=pool.logp, valid=pool.valid, ancestors=pool.ancestors)
+    else:
+        t = tree_lib.select_nodes(pool.tokens, pool.parent, pool.depth, pool.logp, pool.valid, pool.ancestors,
+                                  policy.n_max)
+    return t, pool, cache, n_fwd

@@ -1,0 +1,68 @@
+"""Draft sources behind one small interface: a callable that scores tokens and updates its own KV cache.
+
+Kinds in this module: a separate smaller LM with the target's tokenizer (the paper's setting) and a
+training-free self-draft (the target's first `n_layers` layers + its final norm and head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+from jaxtyping import Array, Bool, Float, Int
+
+from sage_jax.models.decoder import Decoder
+from sage_jax.models.kv_cache import KVCache
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftSpec:
+    """Static description of the draft.
+
+    Attributes:
+      kind: "model" (a separate LM, passed alongside the target) or "self" (the target truncated).
+      n_layers: for "self", how many of the target's layers the draft runs.
+    """
+
+    kind: Literal["model", "self"] = "model"
+    n_layers: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("model", "self"):
+            raise ValueError(f"unknown draft kind {self.kind!r}")
+        if self.kind == "self" and (self.n_layers is None or self.n_layers < 1):
+            raise ValueError("a self-draft needs n_layers >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+    """The draft as seen by the decoding loop (built inside the traced function)."""
+
+    model: Decoder
+    n_layers: int | None
+
+    @classmethod
+    def build(cls, spec: DraftSpec, target: Decoder, draft_model: Decoder | None) -> Drafter:
+        if spec.kind == "self":
+            if spec.n_layers > target.cfg.n_layers:
+                raise ValueError(f"self-draft with {spec.n_layers} layers > target's {target.cfg.n_layers}")
+            return cls(target, spec.n_layers)
+        if draft_model is None:
+            raise ValueError("draft kind 'model' needs a draft model")
+        if draft_model.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"draft vocab {draft_model.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
+        return cls(draft_model, None)
+
+    @property
+    def layers(self) -> int:
+        return self.n_layers or self.model.cfg.n_layers
+
+    def init_cache(self, batch: int, capacity: int) -> KVCache:
+        return self.model.init_cache(batch, capacity, self.layers)
+
+    def __call__(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
+                 cache: KVCache, write_pos: Int[Array, " B"]) -> tuple[Float[Array, "B T V"], KVCache]:
+        """Draft log-probabilities at every position, and the cache with the tokens' keys/values written."""
+        hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos, n_layers=self.n_layers)
+        return jax.nn.log_softmax(self.model.head(hidden), axis=-1), cache

@@ -1,0 +1,212 @@
+"""The speculative decoding loop: draft a tree, verify it in one target forward, commit the accepted path.
+
+One `jax.jit` around `lax.while_loop`; the policy's per-step values (α, depth, width, D_max) live in the state
+as arrays. Draft cache protocol: at the start of a step the draft has seen every committed token up to slot
+`length_d`; the `pending` tokens (the previous step's accepted path and its bonus token, the last being the
+tree's root) are caught up in one forward of width d_cap + 1 that also yields the root's distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from sage_jax.decoding import policies, sampling, verify
+from sage_jax.decoding.autoregressive import is_eos, prefill
+from sage_jax.decoding.drafting import build_tree
+from sage_jax.decoding.drafts import Drafter
+from sage_jax.decoding.tree import causal_visibility
+from sage_jax.models.decoder import Decoder
+from sage_jax.models.kv_cache import KVCache
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpecConfig:
+    """Static config of a speculative run (hashable: a `jax.jit` static argument).
+
+    Attributes: policy, prompt_len P (bucket), max_new_tokens (buffer), sampling, eos_ids, pad_id.
+    """
+
+    policy: policies.TreePolicy
+    prompt_len: int
+    max_new_tokens: int
+    sampling: sampling.SamplingConfig = sampling.SamplingConfig()
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+
+    @property
+    def capacity(self) -> int:
+        """Cache slots: prompt, output, and the largest write past the committed prefix in one step."""
+        p = self.policy
+        return self.prompt_len + self.max_new_tokens + max(p.n_max + 1, p.draft_slots, p.d_cap + 1) + 1
+
+    @property
+    def max_steps(self) -> int:
+        return self.max_new_tokens  # every step yields >= 1 token
+
+
+@flax.struct.dataclass
+class SpecState:
+    """Speculative loop state (all arrays).
+
+    Attributes:
+      out: [B, max_new + d_cap + 1] generated tokens.  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
+      length: [B] target cache slots committed (the root sits at slot `length`).  pad: [B] left padding.
+      root: [B] last committed token (not yet in the target cache).
+      pending: [B, d_cap + 1] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on.
+      t_cache, d_cache: target and draft KV caches.  key: PRNG key.
+      alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
+      hist: [B, window] recent τ, `hist_n` [B] how many were recorded.
+      steps: loop iterations.  sum_tau, n_steps: [B] accepted tokens (bonus excluded) and active steps per row.
+      draft_forwards: draft forwards spent (batched).  alpha_trace, depth_trace, nodes_trace, tau_trace:
+        [max_steps] per-step values of row 0.
+    """
+
+    out: Int[Array, "B N"]
+    n_gen: Int[Array, " B"]
+    done: Bool[Array, " B"]
+    max_new: Int[Array, " B"]
+    length: Int[Array, " B"]
+    pad: Int[Array, " B"]
+    root: Int[Array, " B"]
+    pending: Int[Array, "B D"]
+    n_pending: Int[Array, " B"]
+    length_d: Int[Array, " B"]
+    t_cache: KVCache
+    d_cache: KVCache
+    key: jax.Array
+    alpha: Float[Array, " B"]
+    d_max: Int[Array, " B"]
+    hist: Float[Array, "B H"]
+    hist_n: Int[Array, " B"]
+    steps: Int[Array, ""]
+    sum_tau: Int[Array, " B"]
+    n_steps: Int[Array, " B"]
+    draft_forwards: Int[Array, ""]
+    alpha_trace: Float[Array, " M"]
+    depth_trace: Int[Array, " M"]
+    nodes_trace: Int[Array, " M"]
+    tau_trace: Int[Array, " M"]
+
+
+def spec_prefill(cfg: SpecConfig, target: Decoder, drafter: Drafter, tokens, pad, temperature, max_new, key,
+                 alpha0: Float[Array, " B"]) -> SpecState:
+    """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
+    confidence that shapes the first tree (a per-request value, so it is an array)."""
+    b, p = tokens.shape
+    pol = cfg.policy
+    t_cache = target.init_cache(b, cfg.capacity)
+    hidden, t_cache = prefill(target, tokens, pad, t_cache)
+    d_cache = drafter.init_cache(b, cfg.capacity)
+    _, d_cache = prefill(drafter.model, tokens, pad, d_cache, n_layers=drafter.n_layers)
+    key, sub = jax.random.split(key)
+    first = sampling.sample(sub, target.head(hidden[:, None])[:, 0], temperature, cfg.sampling)
+    out = jnp.full((b, cfg.max_new_tokens + pol.d_cap + 1), cfg.pad_id, jnp.int32).at[:, 0].set(first)
+    m = cfg.max_steps
+    return SpecState(
+        out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
+        max_new=max_new, length=jnp.full((b,), p, jnp.int32), pad=pad, root=first,
+        pending=jnp.zeros((b, pol.d_cap + 1), jnp.int32).at[:, 0].set(first), n_pending=jnp.ones((b,), jnp.int32),
+        length_d=jnp.full((b,), p, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
+        alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
+        hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
+        steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
+        draft_forwards=jnp.int32(1), alpha_trace=jnp.full((m,), jnp.nan, jnp.float32),
+        depth_trace=jnp.zeros((m,), jnp.int32), nodes_trace=jnp.zeros((m,), jnp.int32),
+        tau_trace=jnp.zeros((m,), jnp.int32),
+    )
+
+
+def _accept(cfg: SpecConfig, key, tree, logits, temperature):
+    """Greedy acceptance for T = 0 rows, exact rejection sampling for T > 0 rows (computed only if any)."""
+    d = cfg.policy.d_cap
+    greedy = verify.accept_greedy(tree, logits, d)
+
+    def sampled(_):
+        logp = sampling.processed_logprobs(logits, temperature, cfg.sampling)
+        s = verify.accept_sampled(key, tree, logp, d)
+        pick = temperature > 0
+        return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(s, greedy))
+
+    return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
+
+
+def spec_step(cfg: SpecConfig, target: Decoder, drafter: Drafter, s: SpecState, temperature) -> SpecState:
+    pol = cfg.policy
+    b, dc = s.root.shape[0], pol.d_cap
+    capacity = s.t_cache.capacity
+    active = ~s.done
+
+    # ******** Draft: catch up on the pending tokens; the last one is the root. ********
+    cu_slots = s.length_d[:, None] + jnp.arange(dc + 1, dtype=jnp.int32)[None]
+    cu_mask = causal_visibility(cu_slots, s.pad, capacity)
+    logq, d_cache = drafter(s.pending, cu_slots - s.pad[:, None], cu_mask, s.d_cache, s.length_d)
+    root_logq = jnp.take_along_axis(logq, (s.n_pending - 1)[:, None, None], 1)[:, 0]
+    alpha_now = policies.confidence(root_logq, pol.top_k)
+    alpha_use = alpha_now if pol.alpha_source == "fresh_root" else s.alpha
+    shape = policies.step_shape(pol, alpha_use, s.d_max)
+    tree, pool, d_cache, n_levels = build_tree(pol, drafter, d_cache, s.root, root_logq, alpha_now, shape,
+                                               s.length, s.pad)
+
+    # ******** Verify: one target forward over root + tree. ********
+    positions = (s.length - s.pad)[:, None] + tree.depth
+    mask = tree.attention_mask(s.length, s.pad, capacity)
+    hidden, t_cache = target.forward(tree.tokens, positions, mask, s.t_cache, s.length)
+    key, sub = jax.random.split(s.key)
+    path, tau, bonus = _accept(cfg, sub, tree, target.head(hidden), temperature)
+
+    # ******** Commit: accepted path + bonus, cut at EOS and at the row's token limit. ********
+    i = jnp.arange(dc + 1, dtype=jnp.int32)[None]
+    path_tokens = jnp.take_along_axis(tree.tokens, path, 1)  # [B, dc+1], root first
+    shifted = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], 1)
+    new = jnp.where(i < tau[:, None], shifted, jnp.where(i == tau[:, None], bonus[:, None], cfg.pad_id))
+    eos = is_eos(new, cfg.eos_ids) & (i <= tau[:, None])
+    n_new = jnp.where(jnp.any(eos, 1), jnp.argmax(eos, 1) + 1, tau + 1)
+    n_new = jnp.where(active, jnp.minimum(n_new, s.max_new - s.n_gen), 0).astype(jnp.int32)
+    new = jnp.where(i < n_new[:, None], new, cfg.pad_id)
+    out = jax.vmap(lambda o, u, at: jax.lax.dynamic_update_slice_in_dim(o, u, at, 0))(s.out, new, s.n_gen)
+    n_gen = s.n_gen + n_new
+    done = s.done | (active & jnp.any(eos & (i < n_new[:, None]), 1)) | (n_gen >= s.max_new)
+    t_cache = t_cache.gather(s.length[:, None] + path[:, 1:], s.length + 1)
+
+    # ******** Policy state: α for the next tree, τ history moving D_max. ********
+    if pol.alpha_source == "accepted_path_mean":
+        node_alpha = jnp.take_along_axis(pool.alpha, path, 1)
+        on = (i <= tau[:, None]) & ~jnp.isnan(node_alpha)
+        alpha_next = jnp.sum(jnp.where(on, node_alpha, 0), 1) / jnp.maximum(jnp.sum(on, 1), 1)
+    else:
+        alpha_next = alpha_now
+    hist = jax.vmap(lambda h, n, t: h.at[n % pol.history_window].set(t))(s.hist, s.hist_n, tau.astype(jnp.float32))
+    hist_n = s.hist_n + 1
+    mean_tau = jnp.mean(hist, axis=1)
+    full = hist_n >= pol.history_window
+    move = jnp.where(full & (mean_tau < pol.history_low), -1, jnp.where(full & (mean_tau > pol.history_high), 1, 0))
+    d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
+
+    def keep(new_v, old_v):
+        return jnp.where(active.reshape((-1,) + (1,) * (old_v.ndim - 1)), new_v, old_v)
+
+    n_nodes = jnp.sum(tree.valid[0]) - 1
+    return s.replace(
+        out=out, n_gen=n_gen, done=done, t_cache=t_cache, d_cache=d_cache, key=key,
+        length=keep(s.length + 1 + tau, s.length), root=keep(bonus, s.root),
+        pending=keep(jnp.where(i <= tau[:, None], new, 0), s.pending), n_pending=keep(tau + 1, s.n_pending),
+        length_d=keep(s.length + 1, s.length_d),
+        alpha=keep(alpha_next, s.alpha), d_max=keep(d_max, s.d_max), hist=keep(hist, s.hist),
+        hist_n=keep(hist_n, s.hist_n), steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, tau, 0),
+        n_steps=s.n_steps + active, draft_forwards=s.draft_forwards + 1 + n_levels,
+        alpha_trace=s.alpha_trace.at[s.steps].set(alpha_use[0]),
+        depth_trace=s.depth_trace.at[s.steps].set(jnp.max(tree.depth[0])),
+        nodes_trace=s.nodes_trace.at[s.steps].set(n_nodes), tau_trace=s.tau_trace.at[s.steps].set(tau[0]),
+    )
+
+
+def spec_decode(cfg: SpecConfig, target: Decoder, drafter: Drafter, state: SpecState, temperature) -> SpecState:
+    def cond(s: SpecState):
+        return (s.steps < cfg.max_steps) & ~jnp.all(s.done)
+
+    return jax.lax.while_loop(cond, lambda s: spec_step(cfg, target, drafter, s, temperature), state)

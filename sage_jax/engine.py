@@ -1,0 +1,235 @@
+"""Host-side entry: bucket prompts, compile once per (config, bucket), run, and report statistics.
+
+Everything that runs per token happens inside two compiled calls (prefill, then the decode loop); this module
+only pads prompts with numpy, keeps the compiled executables, and times them. Compilations are counted here:
+one prefill and one decode loop per (policy, sampling, batch, prompt bucket, new-token bucket).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from sage_jax.decoding import autoregressive as ar
+from sage_jax.decoding import speculative as spec
+from sage_jax.decoding.drafts import Drafter, DraftSpec
+from sage_jax.decoding.policies import TreePolicy
+from sage_jax.decoding.sampling import SamplingConfig
+from sage_jax.models.decoder import Decoder
+
+MIN_BUCKET = 16
+
+
+def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
+    """Next power of two >= n (and >= minimum): lengths inside one bucket share one compilation."""
+    return max(minimum, 1 << max(0, int(n - 1).bit_length()))
+
+
+@dataclasses.dataclass
+class Stats:
+    """Statistics of one `generate` call (see design.md's --json schema)."""
+
+    new_tokens: int
+    steps: int
+    target_forwards: int
+    draft_forwards: int
+    mean_accepted: float  # τ: accepted draft tokens per step, bonus token excluded
+    mean_tokens_per_step: float  # τ + 1
+    tokens_per_second: float  # decode loop only (prefill and compile excluded)
+    prefill_seconds: float
+    decode_seconds: float
+    compile_seconds: float
+    compiles: int
+    alpha_trace: list[float]
+    depth_trace: list[int] = dataclasses.field(default_factory=list)
+    nodes_trace: list[int] = dataclasses.field(default_factory=list)
+    tau_trace: list[int] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.new_tokens} tokens in {self.steps} steps | τ {self.mean_accepted:.2f} "
+                f"(τ+1 {self.mean_tokens_per_step:.2f}) | {self.tokens_per_second:.1f} tok/s decode | "
+                f"target fwd {self.target_forwards}, draft fwd {self.draft_forwards} | "
+                f"prefill {self.prefill_seconds:.2f}s, compile {self.compile_seconds:.1f}s ({self.compiles} compiles)")
+
+
+@dataclasses.dataclass
+class Generation:
+    token_ids: list[list[int]]
+    policy: str
+    stats: Stats
+
+
+def _prefill_ar(cfg, gd_t, st_t, tokens, pad, temperature, max_new, key):
+    return ar.ar_prefill(cfg, nnx.merge(gd_t, st_t), tokens, pad, temperature, max_new, key)
+
+
+def _decode_ar(cfg, gd_t, st_t, state, temperature):
+    return ar.ar_decode(cfg, nnx.merge(gd_t, st_t), state, temperature)
+
+
+def _models(spec_d, gd_t, st_t, gd_d, st_d):
+    target = nnx.merge(gd_t, st_t)
+    draft = nnx.merge(gd_d, st_d) if gd_d is not None else None
+    return target, Drafter.build(spec_d, target, draft)
+
+
+def _prefill_spec(cfg, spec_d, gd_t, gd_d, st_t, st_d, tokens, pad, temperature, max_new, key, alpha0):
+    target, drafter = _models(spec_d, gd_t, st_t, gd_d, st_d)
+    return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0)
+
+
+def _decode_spec(cfg, spec_d, gd_t, gd_d, st_t, st_d, state, temperature):
+    target, drafter = _models(spec_d, gd_t, st_t, gd_d, st_d)
+    return spec.spec_decode(cfg, target, drafter, state, temperature)
+
+
+class Engine:
+    """A target LM (+ a draft) ready to generate with any policy.
+
+    Args:
+      target: the target `Decoder`.
+      draft: a separate draft `Decoder` with the target's vocabulary, or None.
+      draft_spec: `DraftSpec(kind="model")` (default when `draft` is given) or `DraftSpec(kind="self", n_layers=k)`.
+      sampling: static top-k / top-p settings.
+    """
+
+    def __init__(self, target: Decoder, draft: Decoder | None = None, *, draft_spec: DraftSpec | None = None,
+                 sampling: SamplingConfig | None = None):
+        self.target = target
+        self.draft = draft
+        if draft_spec is None:
+            draft_spec = DraftSpec(kind="model") if draft is not None else DraftSpec(
+                kind="self", n_layers=max(1, target.cfg.n_layers // 4))
+        self.draft_spec = draft_spec
+        Drafter.build(draft_spec, target, draft)  # validates vocab / layer counts now, not inside jit
+        self.sampling = sampling or SamplingConfig()
+        self._gd_t, self._st_t = nnx.split(target)
+        self._gd_d, self._st_d = nnx.split(draft) if draft is not None else (None, None)
+        self._compiled: dict[tuple, tuple[Any, Any]] = {}
+        self.compile_seconds = 0.0
+
+    @property
+    def compiles(self) -> int:
+        """Executables compiled so far (2 per configuration: prefill and decode loop)."""
+        return 2 * len(self._compiled)
+
+    def _executables(self, key: tuple, lower) -> tuple[tuple[Any, Any], float]:
+        if key in self._compiled:
+            return self._compiled[key], 0.0
+        t0 = time.perf_counter()
+        exe = lower()
+        dt = time.perf_counter() - t0
+        self._compiled[key] = exe
+        self.compile_seconds += dt
+        return exe, dt
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, policy: str | TreePolicy = "sage",
+                 max_new_tokens: int = 128, temperature: float | Sequence[float] = 0.0, seed: int = 0,
+                 alpha_init: float | None = None) -> Generation:
+        """Generates for a batch of tokenized prompts (left-padded internally).
+
+        `policy`: "ar", a policy name or a `TreePolicy`. `alpha_init`: SAGE's confidence for the first tree
+        (default: the policy's `alpha_init`).
+        """
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        temps = np.broadcast_to(np.asarray(temperature, np.float32), (len(prompts),)).copy()
+        if np.any(temps < 0) or not np.all(np.isfinite(temps)):
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        b = len(prompts)
+        p_len = bucket(max(len(p) for p in prompts))
+        n_out = bucket(max_new_tokens)
+        cfgt = self.target.cfg
+        pad_id = cfgt.pad_token_id
+        tokens = np.full((b, p_len), pad_id, np.int32)
+        for i, p in enumerate(prompts):
+            tokens[i, p_len - len(p):] = np.asarray(p, np.int32)
+        pad = np.asarray([p_len - len(p) for p in prompts], np.int32)
+        max_new = np.full((b,), max_new_tokens, np.int32)
+        key = jax.random.key(seed)
+        eos = tuple(cfgt.eos_token_ids)
+        name = policy if isinstance(policy, str) else policy.name
+
+        if name == "ar":
+            cfg = ar.ARConfig(prompt_len=p_len, max_new_tokens=n_out, sampling=self.sampling, eos_ids=eos,
+                              pad_id=pad_id)
+            if cfg.capacity > cfgt.max_position:
+                raise ValueError(f"prompt + new tokens ({cfg.capacity}) exceed the model's context {cfgt.max_position}")
+            args = (tokens, pad, temps, max_new, key)
+
+            def lower():
+                pre = jax.jit(_prefill_ar, static_argnums=(0, 1)).lower(cfg, self._gd_t, self._st_t, *args).compile()
+                st = jax.eval_shape(functools.partial(_prefill_ar, cfg, self._gd_t), self._st_t, *args)
+                dec = jax.jit(_decode_ar, static_argnums=(0, 1), donate_argnums=(3,)).lower(
+                    cfg, self._gd_t, self._st_t, st, temps).compile()
+                return pre, dec
+
+            (pre, dec), dt = self._executables(("ar", cfg, b), lower)
+            t0 = time.perf_counter()
+            state = jax.block_until_ready(pre(self._st_t, *args))
+            t1 = time.perf_counter()
+            state = jax.block_until_ready(dec(self._st_t, state, temps))
+            t2 = time.perf_counter()
+            return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=0)
+
+        pol = policy if isinstance(policy, TreePolicy) else TreePolicy.named(policy)
+        cfg = spec.SpecConfig(policy=pol, prompt_len=p_len, max_new_tokens=n_out, sampling=self.sampling,
+                              eos_ids=eos, pad_id=pad_id)
+        if cfg.capacity > cfgt.max_position:
+            raise ValueError(f"prompt + new tokens + tree ({cfg.capacity}) exceed the model's context "
+                             f"{cfgt.max_position}")
+        statics = (cfg, self.draft_spec, self._gd_t, self._gd_d)
+        alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
+        args = (tokens, pad, temps, max_new, key, alpha0)
+
+        def lower():
+            pre = jax.jit(_prefill_spec, static_argnums=(0, 1, 2, 3)).lower(
+                *statics, self._st_t, self._st_d, *args).compile()
+            st = jax.eval_shape(functools.partial(_prefill_spec, *statics), self._st_t, self._st_d, *args)
+            dec = jax.jit(_decode_spec, static_argnums=(0, 1, 2, 3), donate_argnums=(6,)).lower(
+                *statics, self._st_t, self._st_d, st, temps).compile()
+            return pre, dec
+
+        (pre, dec), dt = self._executables(("spec", cfg, self.draft_spec, b), lower)
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(pre(self._st_t, self._st_d, *args))
+        t1 = time.perf_counter()
+        state = jax.block_until_ready(dec(self._st_t, self._st_d, state, temps))
+        t2 = time.perf_counter()
+        return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=int(state.draft_forwards))
+
+    def _result(self, state, name, t_pre, t_dec, t_compile, *, draft_forwards) -> Generation:
+        out, n_gen = np.asarray(state.out), np.asarray(state.n_gen)
+        ids = [out[i, : n_gen[i]].tolist() for i in range(out.shape[0])]
+        steps = int(state.steps)
+        if name == "ar":
+            mean_tau, alpha, depth, nodes, taus = 0.0, [], [], [], []
+        else:
+            n_steps = np.maximum(np.asarray(state.n_steps), 1)
+            mean_tau = float(np.sum(np.asarray(state.sum_tau)) / np.sum(n_steps))
+            alpha = [float(a) for a in np.asarray(state.alpha_trace)[:steps]]
+            depth = np.asarray(state.depth_trace)[:steps].tolist()
+            nodes = np.asarray(state.nodes_trace)[:steps].tolist()
+            taus = np.asarray(state.tau_trace)[:steps].tolist()
+        new = int(n_gen.sum())
+        loop_tokens = new - len(ids)  # the first token of each row comes from the prefill
+        stats = Stats(
+            new_tokens=new, steps=steps, target_forwards=steps + 1, draft_forwards=draft_forwards,
+            mean_accepted=mean_tau, mean_tokens_per_step=mean_tau + 1.0,
+            tokens_per_second=loop_tokens / t_dec if t_dec > 0 and loop_tokens > 0 else 0.0,
+            prefill_seconds=t_pre, decode_seconds=t_dec, compile_seconds=t_compile, compiles=self.compiles,
+            alpha_trace=alpha, depth_trace=depth, nodes_trace=nodes, tau_trace=taus,
+        )
+        return Generation(token_ids=ids, policy=name, stats=stats)
