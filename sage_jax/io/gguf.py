@@ -124,7 +124,7 @@ def read_tokenizer(reader):
         raise ValueError(f"unsupported GGUF tokenizer {kind!r}; only byte-level BPE ('gpt2') is supported")
     tokens = _field(reader, "tokenizer.ggml.tokens")
     types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges") or []]
     # A byte-level vocabulary spells every byte with a printable stand-in; the odd token stored raw is re-spelled.
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
