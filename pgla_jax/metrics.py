@@ -7,6 +7,8 @@ gradient has no natural range).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,8 +74,8 @@ def match_order(recovered: Float[Array, "B H W C"], original: Float[Array, "B H 
 
 def label_accuracy(pred: Int[Array, " B"], true: Int[Array, " B"]) -> Float[Array, ""]:
     """Label recovery accuracy (LRA) as a multiset match: a batch attack may permute the labels."""
-    p, t = np.sort(np.asarray(pred)), np.sort(np.asarray(true))
-    return jnp.asarray(np.mean(p == t), jnp.float32)
+    p, t = Counter(np.asarray(pred).tolist()), Counter(np.asarray(true).tolist())
+    return jnp.asarray(sum((p & t).values()) / len(np.asarray(true)), jnp.float32)
 
 
 def _flat(g: Params) -> Float[Array, " P"]:

@@ -166,7 +166,6 @@ def dpsgd_grad(graphdef: nnx.GraphDef, params: Params, x, y, clip: float, ord: i
     return jax.tree.map(lambda g: g.mean(axis=0), per_ex)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "noise_plan"))
 def protected_grad(
     graphdef: nnx.GraphDef,
     params: Params,
@@ -179,14 +178,24 @@ def protected_grad(
 ) -> Params:
     """The gradient a protected client sends: (clip →) mean → (+ noise) → (top-k) → (quantise).
 
-    `noise_plan=None` skips noise (pruning / quantisation alone).
+    `noise_plan=None` skips noise (pruning / quantisation alone). The noise scale is traced, so sweeping ε reuses
+    one compiled program per (noise kind, clipping norm).
     """
-    if noise_plan is not None and noise_plan.clip is not None:
-        g = dpsgd_grad(graphdef, params, x, y, noise_plan.clip, ord=1 if noise_plan.noise == "laplace" else 2)
+    noise = None if noise_plan is None else noise_plan.noise
+    clip = None if noise_plan is None else noise_plan.clip
+    scale = jnp.float32(0.0 if noise_plan is None else noise_plan.scale)
+    return _protected_grad(graphdef, params, x, y, key, scale, cfg=cfg, noise=noise, clip=clip)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cfg", "noise", "clip"))
+def _protected_grad(graphdef, params, x, y, key, scale, *, cfg: ProtectionConfig, noise: str | None,
+                    clip: float | None) -> Params:
+    if clip is not None:
+        g = dpsgd_grad(graphdef, params, x, y, clip, ord=1 if noise == "laplace" else 2)
     else:
         g = fl.batch_grad(graphdef, params, x, y)
-    if noise_plan is not None:
-        g = add_noise(key, g, noise_plan.noise, noise_plan.scale)
+    if noise is not None:
+        g = add_noise(key, g, noise, scale)
     if cfg.topk is not None:
         g = topk_prune(g, cfg.topk)
     if cfg.quant_bits is not None:
