@@ -176,7 +176,7 @@ def _tensors(files: list[str]):
 def read_config(path: str | os.PathLike) -> LMConfig:
     with open(os.path.join(os.fspath(path), "config.json")) as f:
         hf = json.load(f)
-    return LMConfig.from_hf(hf.get("text_config", hf) if "text_config" in hf else hf)
+    return LMConfig.from_hf(hf.get("text_config") or hf)  # a VLM keeps its LM under text_config
 
 
 def read_tokenizer(path: str | os.PathLike):
