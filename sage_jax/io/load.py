@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
 from sage_jax.io import gguf, hf, store
 
@@ -46,9 +47,12 @@ def verified_sha256(path: str | os.PathLike) -> str:
         with open(memo) as f:
             return json.load(f)["sha256"]
     digest = sha256(path)
-    os.makedirs(os.path.dirname(memo), exist_ok=True)
-    with open(memo, "w") as f:
-        json.dump({"path": os.path.realpath(path), "sha256": digest}, f)
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        with open(memo, "w") as f:
+            json.dump({"path": os.path.realpath(path), "sha256": digest}, f)
+    except OSError:  # an unwritable cache only costs a re-read next time
+        pass
     return digest
 
 
@@ -123,7 +127,10 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     """
     kind = detect(spec)
     if kind == "gguf" and cache:
-        spec, kind = cached_checkpoint(spec), "checkpoint"
+        try:
+            spec, kind = cached_checkpoint(spec), "checkpoint"
+        except OSError as e:  # read-only or full cache dir: load straight from the GGUF (slower, same result)
+            warnings.warn(f"conversion cache unusable ({e}); reading {spec} directly", stacklevel=2)
     if kind == "checkpoint":
         return store.load_lm(spec, dtype=dtype, mesh=mesh)
     cfg, params, tok, _ = read(spec)
