@@ -99,14 +99,14 @@ def read(spec: str | os.PathLike):
     raise ValueError(f"{path} is already a sage-jax checkpoint")
 
 
-def cached_checkpoint(path: str | os.PathLike) -> str:
-    """Our checkpoint of GGUF file `path` in the cache dir, converted on first use (atomically)."""
+def cache_path(path: str | os.PathLike) -> str:
+    """Where the conversion cache keeps GGUF file `path` (keyed by path, size and mtime)."""
     path = os.path.abspath(os.fspath(path))
     stem = os.path.splitext(os.path.basename(path))[0]
-    out = os.path.join(cache_dir(), "lm", f"{stem}-{_stamp(path)}")
-    if store.is_checkpoint(out):
-        return out
-    cfg, params, tok, provenance = read(path)
+    return os.path.join(cache_dir(), "lm", f"{stem}-{_stamp(path)}")
+
+
+def _save_atomically(out: str, cfg, params, tok, provenance) -> None:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
     try:
@@ -116,6 +116,13 @@ def cached_checkpoint(path: str | os.PathLike) -> str:
             os.replace(os.path.join(tmp, "ckpt"), out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_checkpoint(path: str | os.PathLike) -> str:
+    """Our checkpoint of GGUF file `path` in the cache dir, converted on first use (atomically)."""
+    out = cache_path(path)
+    if not store.is_checkpoint(out):
+        _save_atomically(out, *read(path))
     return out
 
 
@@ -126,13 +133,16 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     cache unless `cache=False`. With `mesh`, parameters are placed by the logical-axis rules of `configs.sharding`.
     """
     kind = detect(spec)
-    if kind == "gguf" and cache:
-        try:
-            spec, kind = cached_checkpoint(spec), "checkpoint"
-        except OSError as e:  # read-only or full cache dir: load straight from the GGUF (slower, same result)
-            warnings.warn(f"conversion cache unusable ({e}); reading {spec} directly", stacklevel=2)
+    if kind == "gguf" and cache and store.is_checkpoint(cache_path(spec)):
+        spec, kind = cache_path(spec), "checkpoint"
     if kind == "checkpoint":
         return store.load_lm(spec, dtype=dtype, mesh=mesh)
-    cfg, params, tok, _ = read(spec)
+    cfg, params, tok, provenance = read(spec)
+    if kind == "gguf" and cache:
+        try:
+            _save_atomically(cache_path(spec), cfg, params, tok, provenance)
+        except OSError as e:  # read-only or full cache dir: still load, just without caching
+            warnings.warn(f"conversion cache unusable ({e}); reading {spec} directly", stacklevel=2)
+    # The arrays are in memory already: build from them rather than restore what was just written.
     cfg = store.with_dtype(cfg, dtype)
     return cfg, store.build(cfg, params, mesh), tok
