@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import speculative as spec
@@ -69,28 +68,13 @@ class Generation:
     stats: Stats
 
 
-def _prefill_ar(cfg, gd_t, st_t, tokens, pad, temperature, max_new, key):
-    return ar.ar_prefill(cfg, nnx.merge(gd_t, st_t), tokens, pad, temperature, max_new, key)
-
-
-def _decode_ar(cfg, gd_t, st_t, state, temperature):
-    return ar.ar_decode(cfg, nnx.merge(gd_t, st_t), state, temperature)
-
-
-def _models(spec_d, gd_t, st_t, gd_d, st_d):
-    target = nnx.merge(gd_t, st_t)
-    draft = nnx.merge(gd_d, st_d) if gd_d is not None else None
-    return target, Drafter.build(spec_d, target, draft)
-
-
-def _prefill_spec(cfg, spec_d, gd_t, gd_d, st_t, st_d, tokens, pad, temperature, max_new, key, alpha0):
-    target, drafter = _models(spec_d, gd_t, st_t, gd_d, st_d)
+def _prefill_spec(cfg, spec_d, target, draft, tokens, pad, temperature, max_new, key, alpha0):
+    drafter = Drafter.build(spec_d, target, draft)
     return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0)
 
 
-def _decode_spec(cfg, spec_d, gd_t, gd_d, st_t, st_d, state, temperature):
-    target, drafter = _models(spec_d, gd_t, st_t, gd_d, st_d)
-    return spec.spec_decode(cfg, target, drafter, state, temperature)
+def _decode_spec(cfg, spec_d, target, draft, state, temperature):
+    return spec.spec_decode(cfg, target, Drafter.build(spec_d, target, draft), state, temperature)
 
 
 class Engine:
@@ -111,10 +95,11 @@ class Engine:
             draft_spec = DraftSpec(kind="model") if draft is not None else DraftSpec(
                 kind="self", n_layers=max(1, target.cfg.n_layers // 4))
         self.draft_spec = draft_spec
-        Drafter.build(draft_spec, target, draft)  # validates vocab / layer counts now, not inside jit
         self.sampling = sampling or SamplingConfig()
-        self._gd_t, self._st_t = nnx.split(target)
-        self._gd_d, self._st_d = nnx.split(draft) if draft is not None else (None, None)
+        # Serving form once (per-layer fused weights); the decoding loops never see the NNX modules.
+        self._lm_t = target.serving()
+        self._lm_d = draft.serving() if draft is not None else None
+        Drafter.build(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self.compile_seconds = 0.0
 
@@ -170,17 +155,17 @@ class Engine:
             args = (tokens, pad, temps, max_new, key)
 
             def lower():
-                pre = jax.jit(_prefill_ar, static_argnums=(0, 1)).lower(cfg, self._gd_t, self._st_t, *args).compile()
-                st = jax.eval_shape(functools.partial(_prefill_ar, cfg, self._gd_t), self._st_t, *args)
-                dec = jax.jit(_decode_ar, static_argnums=(0, 1), donate_argnums=(3,)).lower(
-                    cfg, self._gd_t, self._st_t, st, temps).compile()
+                pre = jax.jit(ar.ar_prefill, static_argnums=0).lower(cfg, self._lm_t, *args).compile()
+                st = jax.eval_shape(functools.partial(ar.ar_prefill, cfg), self._lm_t, *args)
+                dec = jax.jit(ar.ar_decode, static_argnums=0, donate_argnums=2).lower(
+                    cfg, self._lm_t, st, temps).compile()
                 return pre, dec
 
             (pre, dec), dt = self._executables(("ar", cfg, b), lower)
             t0 = time.perf_counter()
-            state = jax.block_until_ready(pre(self._st_t, *args))
+            state = jax.block_until_ready(pre(self._lm_t, *args))
             t1 = time.perf_counter()
-            state = jax.block_until_ready(dec(self._st_t, state, temps))
+            state = jax.block_until_ready(dec(self._lm_t, state, temps))
             t2 = time.perf_counter()
             return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=0)
 
@@ -190,23 +175,22 @@ class Engine:
         if cfg.capacity > cfgt.max_position:
             raise ValueError(f"prompt + new tokens + tree ({cfg.capacity}) exceed the model's context "
                              f"{cfgt.max_position}")
-        statics = (cfg, self.draft_spec, self._gd_t, self._gd_d)
+        statics = (cfg, self.draft_spec)
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
         args = (tokens, pad, temps, max_new, key, alpha0)
 
         def lower():
-            pre = jax.jit(_prefill_spec, static_argnums=(0, 1, 2, 3)).lower(
-                *statics, self._st_t, self._st_d, *args).compile()
-            st = jax.eval_shape(functools.partial(_prefill_spec, *statics), self._st_t, self._st_d, *args)
-            dec = jax.jit(_decode_spec, static_argnums=(0, 1, 2, 3), donate_argnums=(6,)).lower(
-                *statics, self._st_t, self._st_d, st, temps).compile()
+            pre = jax.jit(_prefill_spec, static_argnums=(0, 1)).lower(*statics, self._lm_t, self._lm_d, *args).compile()
+            st = jax.eval_shape(functools.partial(_prefill_spec, *statics), self._lm_t, self._lm_d, *args)
+            dec = jax.jit(_decode_spec, static_argnums=(0, 1), donate_argnums=4).lower(
+                *statics, self._lm_t, self._lm_d, st, temps).compile()
             return pre, dec
 
         (pre, dec), dt = self._executables(("spec", cfg, self.draft_spec, b), lower)
         t0 = time.perf_counter()
-        state = jax.block_until_ready(pre(self._st_t, self._st_d, *args))
+        state = jax.block_until_ready(pre(self._lm_t, self._lm_d, *args))
         t1 = time.perf_counter()
-        state = jax.block_until_ready(dec(self._st_t, self._st_d, state, temps))
+        state = jax.block_until_ready(dec(self._lm_t, self._lm_d, state, temps))
         t2 = time.perf_counter()
         return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=int(state.draft_forwards))
 

@@ -15,8 +15,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from sage_jax.decoding import sampling
 from sage_jax.decoding.tree import causal_visibility
-from sage_jax.models.decoder import Decoder
 from sage_jax.models.kv_cache import KVCache
+from sage_jax.models.lm import LM
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,14 +37,14 @@ class ARConfig:
         return self.prompt_len + self.max_new_tokens + 1
 
 
-def prefill(model: Decoder, tokens: Int[Array, "B P"], pad: Int[Array, " B"], cache: KVCache,
-            n_layers: int | None = None) -> tuple[Float[Array, "B D"], KVCache]:
+def prefill(model: LM, tokens: Int[Array, "B P"], pad: Int[Array, " B"], cache: KVCache
+            ) -> tuple[Float[Array, "B D"], KVCache]:
     """Runs a left-padded prompt through the model into slots [0, P); returns the last slot's hidden state."""
     b, p = tokens.shape
     slots = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     positions = jnp.maximum(slots - pad[:, None], 0)
     mask = causal_visibility(slots, pad, cache.capacity)
-    hidden, cache = model.forward(tokens, positions, mask, cache, jnp.zeros((b,), jnp.int32), n_layers=n_layers)
+    hidden, cache = model.forward(tokens, positions, mask, cache, jnp.zeros((b,), jnp.int32))
     return hidden[:, -1], cache
 
 
@@ -76,7 +76,7 @@ class ARState:
     max_new: Int[Array, " B"]
 
 
-def ar_prefill(cfg: ARConfig, model: Decoder, tokens, pad, temperature, max_new, key) -> ARState:
+def ar_prefill(cfg: ARConfig, model: LM, tokens, pad, temperature, max_new, key) -> ARState:
     b = tokens.shape[0]
     cache = model.init_cache(b, cfg.capacity)
     hidden, cache = prefill(model, tokens, pad, cache)
@@ -89,7 +89,7 @@ def ar_prefill(cfg: ARConfig, model: Decoder, tokens, pad, temperature, max_new,
                    steps=jnp.int32(0), max_new=max_new)
 
 
-def ar_decode(cfg: ARConfig, model: Decoder, state: ARState, temperature: Float[Array, " B"]) -> ARState:
+def ar_decode(cfg: ARConfig, model: LM, state: ARState, temperature: Float[Array, " B"]) -> ARState:
     """Generates until every row hit EOS or its `max_new` tokens."""
 
     def cond(s: ARState):

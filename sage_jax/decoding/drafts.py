@@ -12,8 +12,8 @@ from typing import Literal
 import jax
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.models.decoder import Decoder
 from sage_jax.models.kv_cache import KVCache
+from sage_jax.models.lm import LM
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,32 +37,27 @@ class DraftSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Drafter:
-    """The draft as seen by the decoding loop (built inside the traced function)."""
+    """The draft as seen by the decoding loop (built inside the traced function from serving-form models)."""
 
-    model: Decoder
-    n_layers: int | None
+    model: LM
 
     @classmethod
-    def build(cls, spec: DraftSpec, target: Decoder, draft_model: Decoder | None) -> Drafter:
+    def build(cls, spec: DraftSpec, target: LM, draft_model: LM | None) -> Drafter:
         if spec.kind == "self":
-            if spec.n_layers > target.cfg.n_layers:
-                raise ValueError(f"self-draft with {spec.n_layers} layers > target's {target.cfg.n_layers}")
-            return cls(target, spec.n_layers)
+            if spec.n_layers > target.n_layers:
+                raise ValueError(f"self-draft with {spec.n_layers} layers > target's {target.n_layers}")
+            return cls(target.truncated(spec.n_layers))
         if draft_model is None:
             raise ValueError("draft kind 'model' needs a draft model")
         if draft_model.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocab {draft_model.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
-        return cls(draft_model, None)
-
-    @property
-    def layers(self) -> int:
-        return self.n_layers or self.model.cfg.n_layers
+        return cls(draft_model)
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
-        return self.model.init_cache(batch, capacity, self.layers)
+        return self.model.init_cache(batch, capacity)
 
     def __call__(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
                  cache: KVCache, write_pos: Int[Array, " B"]) -> tuple[Float[Array, "B T V"], KVCache]:
         """Draft log-probabilities at every position, and the cache with the tokens' keys/values written."""
-        hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos, n_layers=self.n_layers)
+        hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos)
         return jax.nn.log_softmax(self.model.head(hidden), axis=-1), cache

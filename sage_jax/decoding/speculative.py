@@ -20,8 +20,8 @@ from sage_jax.decoding.autoregressive import is_eos, prefill
 from sage_jax.decoding.drafting import build_tree
 from sage_jax.decoding.drafts import Drafter
 from sage_jax.decoding.tree import causal_visibility
-from sage_jax.models.decoder import Decoder
 from sage_jax.models.kv_cache import KVCache
+from sage_jax.models.lm import LM
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,7 +93,7 @@ class SpecState:
     tau_trace: Int[Array, " M"]
 
 
-def spec_prefill(cfg: SpecConfig, target: Decoder, drafter: Drafter, tokens, pad, temperature, max_new, key,
+def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, temperature, max_new, key,
                  alpha0: Float[Array, " B"]) -> SpecState:
     """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
     confidence that shapes the first tree (a per-request value, so it is an array)."""
@@ -102,7 +102,7 @@ def spec_prefill(cfg: SpecConfig, target: Decoder, drafter: Drafter, tokens, pad
     t_cache = target.init_cache(b, cfg.capacity)
     hidden, t_cache = prefill(target, tokens, pad, t_cache)
     d_cache = drafter.init_cache(b, cfg.capacity)
-    _, d_cache = prefill(drafter.model, tokens, pad, d_cache, n_layers=drafter.n_layers)
+    _, d_cache = prefill(drafter.model, tokens, pad, d_cache)
     key, sub = jax.random.split(key)
     first = sampling.sample(sub, target.head(hidden[:, None])[:, 0], temperature, cfg.sampling)
     out = jnp.full((b, cfg.max_new_tokens + pol.d_cap + 1), cfg.pad_id, jnp.int32).at[:, 0].set(first)
@@ -135,7 +135,7 @@ def _accept(cfg: SpecConfig, key, tree, logits, temperature):
     return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
 
 
-def spec_step(cfg: SpecConfig, target: Decoder, drafter: Drafter, s: SpecState, temperature) -> SpecState:
+def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature) -> SpecState:
     pol = cfg.policy
     b, dc = s.root.shape[0], pol.d_cap
     capacity = s.t_cache.capacity
@@ -205,7 +205,7 @@ def spec_step(cfg: SpecConfig, target: Decoder, drafter: Drafter, s: SpecState, 
     )
 
 
-def spec_decode(cfg: SpecConfig, target: Decoder, drafter: Drafter, state: SpecState, temperature) -> SpecState:
+def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature) -> SpecState:
     def cond(s: SpecState):
         return (s.steps < cfg.max_steps) & ~jnp.all(s.done)
 

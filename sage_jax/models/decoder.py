@@ -22,10 +22,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
-from configs.sharding import shard
-from sage_jax.models import layers
+from sage_jax.models import layers, lm
 from sage_jax.models.config import LMConfig
-from sage_jax.models.kv_cache import KVCache, write_rows
+from sage_jax.models.kv_cache import KVCache
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -57,36 +56,6 @@ class Blocks(nnx.Module):
         self.w_down = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
 
 
-def _block(cfg: LMConfig, p: dict, x, positions, k_cache, v_cache, write_pos, mask):
-    """One layer. x: [B,T,D]; k_cache/v_cache: this layer's [B,S,K,H] (None: attend within x only)."""
-    dt = jnp.dtype(cfg.dtype)
-    inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, cfg.head_dim)
-    h = layers.rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q = jnp.einsum("BTD,DNH->BTNH", h, p["wq"].astype(dt))
-    k = jnp.einsum("BTD,DKH->BTKH", h, p["wk"].astype(dt))
-    v = jnp.einsum("BTD,DKH->BTKH", h, p["wv"].astype(dt))
-    if cfg.qkv_bias:
-        # [N, H] biases get explicit leading axes: the project runs with jax_numpy_rank_promotion="raise".
-        q, k, v = (a + p[b].astype(dt)[None, None] for a, b in ((q, "bq"), (k, "bk"), (v, "bv")))
-    q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale), ("batch", "seq", "heads", "head_dim"))
-    k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale), ("batch", "seq", "kv_heads", "head_dim"))
-    if k_cache is not None:
-        k_cache = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
-        v_cache = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
-        k_all, v_all = k_cache.astype(dt), v_cache.astype(dt)
-    else:
-        k_all, v_all = k, v
-    o = layers.attention(q, k_all, v_all, mask)
-    x = x + jnp.einsum("BTNH,NHD->BTD", o, p["wo"].astype(dt))
-    x = shard(x, ("batch", "seq", "embed"))
-    h = layers.rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    gate = jnp.einsum("BTD,DF->BTF", h, p["w_gate"].astype(dt))
-    up = jnp.einsum("BTD,DF->BTF", h, p["w_up"].astype(dt))
-    act = shard(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
-    x = x + jnp.einsum("BTF,FD->BTD", act, p["w_down"].astype(dt))
-    return shard(x, ("batch", "seq", "embed")), k_cache, v_cache
-
-
 class Decoder(nnx.Module):
     """Llama / Qwen2 decoder LM.
 
@@ -109,8 +78,7 @@ class Decoder(nnx.Module):
                              jnp.dtype(cfg.dtype))
 
     def embed_tokens(self, tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
-        x = jnp.take(self.embed[...], tokens, axis=0).astype(jnp.dtype(self.cfg.dtype))
-        return shard(x, ("batch", "seq", "embed"))
+        return lm.embed_tokens(self.cfg, self.embed[...], tokens)
 
     def forward(
         self,
@@ -130,39 +98,33 @@ class Decoder(nnx.Module):
         `embeddings` replaces the token lookup (e.g. image features spliced into the sequence).
         """
         cfg = self.cfg
-        x = self.embed_tokens(tokens) if embeddings is None else embeddings.astype(jnp.dtype(cfg.dtype))
         n = cfg.n_layers if n_layers is None else n_layers
+        if cache is not None:
+            # Decoding with a cache runs the serving form (per-layer fused weights, unrolled): see models/lm.py.
+            return lm.serving_params(cfg, self.params()).truncated(n).forward(
+                tokens, positions, mask, cache, write_pos, embeddings=embeddings)
+
+        x = self.embed_tokens(tokens) if embeddings is None else embeddings.astype(jnp.dtype(cfg.dtype))
         params = {name: var[...][:n] for name, var in vars(self.blocks).items() if isinstance(var, nnx.Param)}
-        if cache is not None and cache.k.shape[0] != n:
-            raise ValueError(f"cache has {cache.k.shape[0]} layers, running {n}")
 
-        if cache is None:
-            def body(x, p):
-                x, _, _ = _block(cfg, p, x, positions, None, None, None, mask)
-                return x, None
-
-            x, _ = jax.lax.scan(body, x, params)
+        def body(x, p):
+            x, _, _ = lm.block(cfg, lm.fuse_layer(cfg, p), x, positions, None, None, None, mask)
             return x, None
 
-        # The whole cache rides in the carry and each layer updates its slice in place: scanning it as xs/ys
-        # would copy all L layers' caches on every call.
-        def body(carry, xs):
-            x, kc, vc = carry
-            i, p = xs
-            x, k_l, v_l = _block(cfg, p, x, positions, kc[i], vc[i], write_pos, mask)
-            kc = jax.lax.dynamic_update_index_in_dim(kc, k_l, i, axis=0)
-            vc = jax.lax.dynamic_update_index_in_dim(vc, v_l, i, axis=0)
-            return (x, kc, vc), None
-
-        (x, kc, vc), _ = jax.lax.scan(body, (x, cache.k, cache.v), (jnp.arange(n), params))
-        return x, KVCache(k=kc, v=vc)
+        x, _ = jax.lax.scan(body, x, params)
+        return x, None
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
-        cfg = self.cfg
-        h = layers.rms_norm(hidden, self.final_norm[...], cfg.norm_eps)
-        w = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-        logits = jnp.einsum("BTD,DV->BTV", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
-        return shard(logits, ("batch", "seq", "vocab"))
+        lm_head = None if self.cfg.tie_embeddings else self.lm_head[...]
+        return lm.head(self.cfg, self.embed[...], self.final_norm[...], lm_head, hidden)
+
+    def params(self) -> dict:
+        """The canonical parameter tree (the checkpoint layout) as a pure dict of arrays."""
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def serving(self) -> lm.LM:
+        """This model in serving form (per-layer, fused weights): the form the decoding loops run."""
+        return jax.jit(lm.serving_params, static_argnums=0)(self.cfg, self.params())
 
     def __call__(self, tokens, positions=None, mask=None, cache=None, write_pos=None, *, n_layers=None):
         """Logits [B, T, V] (float32), last hidden [B, T, D], updated cache. Defaults: causal, no padding."""

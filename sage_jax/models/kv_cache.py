@@ -10,25 +10,33 @@ from jaxtyping import Array, Float, Int
 
 @flax.struct.dataclass
 class KVCache:
-    """Keys and values of every layer.
+    """Keys and values of every layer, one array per layer.
 
     Attributes:
-      k, v: [L, B, S, K, H]; slot j of row b holds the token written there last. Which slots a query may see
-        is decided by the attention mask, never by the cache, so stale slots are harmless.
+      k, v: L arrays [B, S, K, H]; slot j of row b holds the token written there last. Which slots a query may
+        see is decided by the attention mask, never by the cache, so stale slots are harmless.
+
+    One array per layer (not one stacked [L, ...] array) because XLA:CPU updates a per-layer array in place but
+    copies a slice of a stacked one on every read-modify-write (measured: 1.3 ms vs 31 ms per decode step).
     """
 
-    k: Float[Array, "L B S K H"]
-    v: Float[Array, "L B S K H"]
+    k: tuple[Float[Array, "B S K H"], ...]
+    v: tuple[Float[Array, "B S K H"], ...]
 
     @classmethod
     def zeros(cls, n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int,
               dtype=jnp.float32) -> KVCache:
-        shape = (n_layers, batch, capacity, n_kv_heads, head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+        shape = (batch, capacity, n_kv_heads, head_dim)
+        return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)))
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[1]
 
     def gather(self, src: Int[Array, "B M"], dst_start: Int[Array, " B"]) -> KVCache:
         """Copies slots `src[b, :]` of each row to the contiguous slots `dst_start[b] + [0, M)`.
@@ -37,11 +45,11 @@ class KVCache:
         positions. Sources are read before anything is written, so overlapping ranges are safe.
         """
 
-        def per_row(c, s, d):  # c: [L, S, K, H]
-            return jax.lax.dynamic_update_slice_in_dim(c, jnp.take(c, s, axis=1), d, axis=1)
+        def move(c):  # [B, S, K, H]
+            rows = jnp.take_along_axis(c, src[:, :, None, None], axis=1)
+            return write_rows(c, rows, dst_start)
 
-        move = jax.vmap(per_row, in_axes=(1, 0, 0), out_axes=1)
-        return KVCache(k=move(self.k, src, dst_start), v=move(self.v, src, dst_start))
+        return KVCache(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
 
 
 def write_rows(cache: Float[Array, "B S K H"], new: Float[Array, "B T K H"], start: Int[Array, " B"]
