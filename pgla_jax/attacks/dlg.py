@@ -45,7 +45,8 @@ def _lbfgs_minimise(f, z0, iterations: int, memory: int, lr: float | None):
     """
     opt = optax.lbfgs(learning_rate=lr, memory_size=memory, linesearch=optax.scale_by_zoom_linesearch(
         max_linesearch_steps=20) if lr is None else None)
-    vg = optax.value_and_grad_from_state(f)
+    # With a line search the value and gradient at the accepted point are already in the state: reuse them.
+    vg = optax.value_and_grad_from_state(f) if lr is None else (lambda z, state: jax.value_and_grad(f)(z))
 
     def step(_, carry):
         z, state = carry
@@ -92,7 +93,13 @@ def dlg(
         # A diverged restart (NaN) must never win the arg-min below.
         return z, jnp.where(jnp.isfinite(loss), loss, jnp.inf)
 
-    (xs, ys), losses = jax.vmap(run)(jax.random.split(key, cfg.restarts))
+    if cfg.restarts == 1:
+        # No vmap for a single start: under vmap the line search's `lax.cond`s become selects that evaluate both
+        # branches, which costs ~5× here (measured in benchmarks/pgla/bench_dlg.py).
+        (x1, y1), l1 = run(key)
+        (xs, ys), losses = (x1[None], y1[None]), l1[None]
+    else:
+        (xs, ys), losses = jax.vmap(run)(jax.random.split(key, cfg.restarts))
     best = jnp.argmin(losses)
     x, y = xs[best], ys[best]
     out_labels = labels.astype(jnp.int32) if known else jnp.argmax(y, axis=-1).astype(jnp.int32)
