@@ -100,11 +100,9 @@ def prepare(args: argparse.Namespace):
 
     try:
         target_spec = args.target or default_target()
-        print(f"loading target {target_spec}", file=sys.stderr)
         cfg, target, tok = load_lm(target_spec)
         draft = None
         if args.draft:
-            print(f"loading draft {args.draft}", file=sys.stderr)
             dcfg, draft, _ = load_lm(args.draft)
     except (OSError, ValueError) as e:
         raise BadInput((str(e).splitlines() or [type(e).__name__])[0]) from None
@@ -124,6 +122,7 @@ def prepare(args: argparse.Namespace):
                            f"slots with policy {policy}, more than the target's context ({cfg.max_position})")
     draft_spec = DraftSpec(kind="model") if draft is not None else DraftSpec(kind="self", n_layers=args.draft_layers)
     engine = Engine(target, draft, draft_spec=draft_spec, sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p))
+    print(f"target {target_spec}, draft {args.draft or f'self ({args.draft_layers} layers)'}", file=sys.stderr)
     return engine, ids, tok, cfg.eos_token_ids
 
 

@@ -1,0 +1,151 @@
+"""`python -m sage_jax.generate` as a user runs it (a subprocess): the --json contract on a tiny random Llama,
+--compare, and every bad input -> exit 2 with one line on stderr."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+STATS_KEYS = {"new_tokens", "steps", "target_forwards", "draft_forwards", "mean_accepted", "mean_tokens_per_step",
+              "tokens_per_second", "compiles", "alpha_trace"}
+
+
+def _tiny_llama(path, vocab_size, tokenizer=None, **kw):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   rms_norm_eps=1e-6, tie_word_embeddings=False, **kw)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    """An HF directory: a random 2-layer Llama (context 512) + a byte-level BPE tokenizer with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["speculative decoding drafts a tree of tokens and the target verifies it in one forward pass"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                  pad_token="<|endoftext|>")
+    hf_tok.chat_template = TEMPLATE
+    path = tmp_path_factory.mktemp("tiny_llama")
+    return _tiny_llama(path, len(hf_tok), hf_tok, eos_token_id=hf_tok.eos_token_id,
+                       pad_token_id=hf_tok.pad_token_id, bos_token_id=None)
+
+
+@pytest.fixture(scope="session")
+def cli_env(tmp_path_factory):
+    """The subprocesses' environment: one host device (as a user has), a session-wide compilation cache."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax_cache"))
+    return env
+
+
+def _cli(env, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sage_jax.generate", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def _json(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # exactly one JSON object, nothing else
+    out = json.loads(lines[0])
+    assert {"text", "token_ids", "policy", "stats"} <= out.keys()
+    assert STATS_KEYS <= out["stats"].keys()
+    assert isinstance(out["text"], str) and all(isinstance(t, int) for t in out["token_ids"])
+    assert out["stats"]["new_tokens"] == len(out["token_ids"])
+    return out
+
+
+def test_tiny_json_greedy_sage_equals_ar(tiny_target, cli_env):
+    common = ["--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--json", "--prompt", "tree"]
+    ar = _json(_cli(cli_env, *common, "--policy", "ar"))
+    sage = _json(_cli(cli_env, *common, "--compare"))  # default policy sage, plus plain AR in the same process
+    assert ar["policy"] == "ar" and sage["policy"] == "sage"
+    assert len(ar["token_ids"]) == 8  # a random model rarely says EOS; if it did, the lengths below still agree
+    assert sage["token_ids"] == ar["token_ids"]
+    assert sage["stats"]["draft_forwards"] > 0 and len(sage["stats"]["alpha_trace"]) == sage["stats"]["steps"]
+    cmp = sage["compare"]
+    assert cmp["policy"] == "ar" and cmp["token_ids"] == ar["token_ids"] and cmp["identical"] is True
+    assert cmp["tokens_per_second"] > 0 and cmp["speedup"] > 0
+
+
+def test_tiny_text_output_with_compare(tiny_target, cli_env):
+    proc = _cli(cli_env, "--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--compare",
+                "--policy", "chain", "--prompt", "tree")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.rstrip("\n").split("\n")
+    assert len(lines) == 3, proc.stdout  # answer, stats summary, compare line
+    assert "tokens in" in lines[1] and "tok/s" in lines[1]
+    assert lines[2].startswith("compare: chain ") and "speedup" in lines[2] and "differ" not in lines[2]
+    assert "generating with policy chain" in proc.stderr  # progress goes to stderr
+
+
+@pytest.fixture(scope="session")
+def other_vocab(tmp_path_factory):
+    return _tiny_llama(tmp_path_factory.mktemp("other_vocab"), 200)
+
+
+@pytest.fixture(scope="session")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("img") / "x.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n")
+    return str(path)
+
+
+BAD = {
+    "missing_target": (["--target", "/nonexistent/model.gguf"], "no such file"),
+    "missing_draft": (["--target", "{tiny}", "--draft", "/nonexistent/draft"], "no such file"),
+    "missing_image": (["--image", "/nonexistent/cat.png"], "cannot read image"),
+    "image_text_only": (["--target", "{tiny}", "--image", "{image}"], "text-only"),
+    "draft_vocab": (["--target", "{tiny}", "--draft", "{other}"], "vocabulary"),
+    "draft_layers": (["--target", "{tiny}", "--draft-layers", "5"], "layers"),
+    "prompt_too_long": (["--target", "{tiny}", "--draft-layers", "1", "--prompt", "tokens " * 400], "context"),
+    "max_new_tokens": (["--max-new-tokens", "0"], "max-new-tokens"),
+    "unknown_policy": (["--policy", "beam"], "invalid choice"),
+    "negative_temperature": (["--temperature", "-0.5"], "temperature"),
+    "top_p_zero": (["--top-p", "0"], "top-p"),
+    "top_p_big": (["--top-p", "1.5"], "top-p"),
+    "top_k_negative": (["--top-k", "-1"], "top-k"),
+    "pallas": (["--attention", "pallas"], "Pallas"),
+    "unknown_flag": (["--beam-width", "4"], "unrecognized"),
+    "bad_int": (["--max-new-tokens", "many"], "invalid int"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, image, cli_env):
+    args, needle = BAD[case]
+    args = [a.format(tiny=tiny_target, other=other_vocab, image=image) for a in args]
+    proc = _cli(cli_env, *args, "--json", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_default_target_answers(cli_env):
+    """The shipped SmolLM2 target with its self-draft (~45-65 s on the 2-core box, mostly compilation)."""
+    out = _json(_cli(cli_env, "--max-new-tokens", "16", "--json", timeout=600))
+    assert out["policy"] == "sage" and out["text"].strip()
+    assert 1 <= len(out["token_ids"]) <= 16
