@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             out = run(args)
             stdout.write(json.dumps(out) + "\n" if args.json else report(out))
     except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {(str(e).splitlines() or ['bad input'])[0]}", file=sys.stderr)
         return 2
     return 0
 

@@ -23,7 +23,10 @@ def _tiny_llama(path, vocab_size, tokenizer=None, **kw):
     cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                                    rms_norm_eps=1e-6, tie_word_embeddings=False, **kw)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():  # confident next-token distributions, so SAGE builds real trees (not empty ones)
+        model.lm_head.weight.mul_(40.0)
+    model.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return str(path)
@@ -83,20 +86,30 @@ def test_tiny_json_greedy_sage_equals_ar(tiny_target, cli_env):
     assert len(ar["token_ids"]) == 8  # a random model rarely says EOS; if it did, the lengths below still agree
     assert sage["token_ids"] == ar["token_ids"]
     assert sage["stats"]["draft_forwards"] > 0 and len(sage["stats"]["alpha_trace"]) == sage["stats"]["steps"]
+    assert sage["stats"]["mean_accepted"] > 0  # the trees were non-trivial and some of them were accepted
     cmp = sage["compare"]
     assert cmp["policy"] == "ar" and cmp["token_ids"] == ar["token_ids"] and cmp["identical"] is True
     assert cmp["tokens_per_second"] > 0 and cmp["speedup"] > 0
 
 
 def test_tiny_text_output_with_compare(tiny_target, cli_env):
+    # The same run as the --json test above, so its executables come from the session's compilation cache.
     proc = _cli(cli_env, "--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--compare",
-                "--policy", "chain", "--prompt", "tree")
+                "--prompt", "tree")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.rstrip("\n").split("\n")
     assert len(lines) == 3, proc.stdout  # answer, stats summary, compare line
     assert "tokens in" in lines[1] and "tok/s" in lines[1]
-    assert lines[2].startswith("compare: chain ") and "speedup" in lines[2] and "differ" not in lines[2]
-    assert "generating with policy chain" in proc.stderr  # progress goes to stderr
+    assert lines[2].startswith("compare: sage ") and "speedup" in lines[2] and "differ" not in lines[2]
+    assert "generating with policy sage" in proc.stderr  # progress goes to stderr
+
+
+def test_tiny_separate_draft(tiny_target, cli_env):
+    """--draft SPEC: the target drafting for itself accepts whole greedy paths and still matches AR."""
+    out = _json(_cli(cli_env, "--target", tiny_target, "--draft", tiny_target, "--policy", "eagle2",
+                     "--max-new-tokens", "8", "--prompt", "tree", "--compare", "--json"))
+    assert out["policy"] == "eagle2" and out["compare"]["identical"] is True
+    assert out["stats"]["mean_accepted"] >= 1
 
 
 @pytest.fixture(scope="session")
