@@ -1,1 +1,23 @@
-"""PGLA: perturbation-resilient gradient leakage (diffusion denoising of DP-protected gradients) in JAX."""
+"""PGLA: perturbation-resilient gradient leakage (diffusion denoising of DP-protected gradients) in JAX.
+
+Part 1, the attack side (importable on its own; nothing heavy is imported here)::
+
+    import jax, jax.numpy as jnp
+    from pgla_jax import data, fl, metrics, protections
+    from pgla_jax.attacks import dlg
+    from pgla_jax.config import AttackConfig, ProtectionConfig, VictimConfig
+    from pgla_jax.models import split_victim
+
+    x, y = data.pick(data.load_mnist5k(), 1)                      # one real MNIST digit, [0, 1] NHWC
+    graphdef, params = split_victim(VictimConfig())              # DLG LeNet, U(-0.5, 0.5) init
+    y1 = fl.one_hot(jnp.asarray(y), 10)
+    g = fl.batch_grad(graphdef, params, jnp.asarray(x), y1)      # what a FedSGD client sends
+    cfg = ProtectionConfig(noise="gaussian", calibration="paper")
+    g_dp = protections.protected_grad(graphdef, params, jnp.asarray(x), y1, jax.random.key(0), cfg=cfg,
+                                      noise_plan=protections.plan(cfg, epsilon=10.0, batch=1))
+    rec = dlg.dlg(graphdef, params, g_dp, jax.random.key(1), cfg=AttackConfig(), batch=1, num_classes=10,
+                  image_shape=(28, 28, 1))
+    print(metrics.psnr(rec.images, x, data_range=1.0), rec.labels)
+
+Command line: ``python -m pgla_jax.attack --config mnist_lenet --images 4 --out runs/mnist``.
+"""

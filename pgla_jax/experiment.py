@@ -21,6 +21,8 @@ from pgla_jax.models import split_victim
 
 DENOISERS = ("none",)
 
+_batch_grad = jax.jit(fl.batch_grad, static_argnums=0)
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -107,7 +109,7 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
         sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
         x, labels = jnp.asarray(x_all[sl]), y_all[sl]
         y = fl.one_hot(jnp.asarray(labels), cfg.victim.num_classes)
-        g_clean = fl.batch_grad(graphdef, params, x, y)
+        g_clean = _batch_grad(graphdef, params, x, y)
         k_b = jax.random.fold_in(key, b)
         s, im = _score(attack(graphdef, params, g_clean, jax.random.fold_in(k_b, 0)), x, labels, g_clean, g_clean)
         clean_scores.append(s)

@@ -62,7 +62,8 @@ def fedsgd_client_grads(
 
 
 def local_sgd(
-    graphdef: nnx.GraphDef, params: Params, x: Float[Array, "S B H W C"], y: Float[Array, "S B K"], lr: float
+    graphdef: nnx.GraphDef, params: Params, x: Float[Array, "S B H W C"], y: Float[Array, "S B K"],
+    lr: float | Float[Array, ""],
 ) -> Params:
     """FedAvg client: `S` plain SGD steps over its local batches; returns the update (new − old weights)."""
 
@@ -75,9 +76,10 @@ def local_sgd(
     return jax.tree.map(jnp.subtract, new, params)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "lr"))
+@functools.partial(jax.jit, static_argnames=("graphdef",))
 def fedavg_client_updates(
-    graphdef: nnx.GraphDef, params: Params, x: Float[Array, "N S B H W C"], y: Float[Array, "N S B K"], lr: float
+    graphdef: nnx.GraphDef, params: Params, x: Float[Array, "N S B H W C"], y: Float[Array, "N S B K"],
+    lr: float | Float[Array, ""],
 ) -> Params:
     """FedAvg: every client runs `local_sgd` from the same weights; one update per client."""
     x = sharding.shard(x, ("clients", None, "batch", "height", "width", "channels"))

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import jax
@@ -53,14 +54,19 @@ def test_empirical_noise_std_matches_the_formula(lenet, mnist, noise, calibratio
     y = fl.one_hot(jnp.asarray(mnist.labels[:2]), 10)
     cfg = ProtectionConfig(noise=noise, calibration=calibration, clip=1.0)
     plan = protections.plan(cfg, 1.0, batch=2)
+    # The same program with the noise switched off is the clean (clipped, for DP-SGD) gradient.
+    silent = dataclasses.replace(plan, scale=0.0)
+    clean = protections.protected_grad(graphdef, params, x, y, jax.random.key(0), cfg=cfg, noise_plan=silent)
     if calibration == "paper":
-        clean = fl.batch_grad(graphdef, params, x, y)
         assert plan.clip is None
+        direct = jax.jit(fl.batch_grad, static_argnums=0)(graphdef, params, x, y)
     else:
-        clean = protections.dpsgd_grad(graphdef, params, x, y, 1.0, ord=1 if noise == "laplace" else 2)
         assert plan.scale == pytest.approx(plan.multiplier * 1.0 / 2)  # z·C on the sum, / B for the mean
+        direct = jax.jit(protections.dpsgd_grad, static_argnums=(0, 4, 5))(graphdef, params, x, y, 1.0,
+                                                                            1 if noise == "laplace" else 2)
+    np.testing.assert_allclose(_flat(clean), _flat(direct), rtol=1e-4, atol=1e-6)
     draws = [_flat(protections.protected_grad(graphdef, params, x, y, jax.random.key(s), cfg=cfg,
-                                               noise_plan=plan)) - _flat(clean) for s in range(4)]
+                                               noise_plan=plan)) - _flat(clean) for s in range(1, 5)]
     resid = np.concatenate(draws)  # 4 × 13,426 entries
     assert resid.std() == pytest.approx(plan.std, rel=0.03)
     assert abs(resid.mean()) < 0.05 * plan.std
