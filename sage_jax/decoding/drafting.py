@@ -50,7 +50,7 @@ class Pool:
             tokens=zeros_i.at[:, 0].set(root), parent=zeros_i - 1, depth=zeros_i,
             logp=jnp.zeros((b, size), jnp.float32), local_p=jnp.zeros((b, size), jnp.float32).at[:, 0].set(1.0),
             valid=jnp.broadcast_to(first, (b, size)), ancestors=jnp.zeros((b, size, size), bool).at[:, 0, 0].set(True),
-            dslot=jnp.where(first, 0, -1).astype(jnp.int32) + zeros_i,
+            dslot=jnp.broadcast_to(jnp.where(first, 0, -1), (b, size)).astype(jnp.int32),
             alpha=jnp.full((b, size), jnp.nan, jnp.float32).at[:, 0].set(root_alpha),
             count=jnp.ones((b,), jnp.int32),
         )
