@@ -21,7 +21,7 @@ from sage_jax.models.lm import LM
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ARConfig:
-    """Static shape and sampling config of an autoregressive run.
+    """Static shape and sampling config of a run (hashable: a `jax.jit` static argument).
 
     Attributes: prompt_len P (bucket), max_new_tokens (output buffer), sampling, eos_ids, pad_id.
     """

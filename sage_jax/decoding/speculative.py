@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from sage_jax.decoding import policies, sampling, verify
-from sage_jax.decoding.autoregressive import is_eos, prefill
+from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill
 from sage_jax.decoding.drafting import build_tree
 from sage_jax.decoding.drafts import Drafter
 from sage_jax.decoding.tree import causal_visibility
@@ -25,18 +25,10 @@ from sage_jax.models.lm import LM
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SpecConfig:
-    """Static config of a speculative run (hashable: a `jax.jit` static argument).
-
-    Attributes: policy, prompt_len P (bucket), max_new_tokens (buffer), sampling, eos_ids, pad_id.
-    """
+class SpecConfig(ARConfig):
+    """Static config of a speculative run: the autoregressive one plus the tree policy."""
 
     policy: policies.TreePolicy
-    prompt_len: int
-    max_new_tokens: int
-    sampling: sampling.SamplingConfig = sampling.SamplingConfig()
-    eos_ids: tuple[int, ...] = ()
-    pad_id: int = 0
 
     @property
     def capacity(self) -> int:
