@@ -37,15 +37,19 @@ class ARConfig:
         return self.prompt_len + self.max_new_tokens + 1
 
 
-def prefill(model: LM, tokens: Int[Array, "B P"], pad: Int[Array, " B"], cache: KVCache
-            ) -> tuple[Float[Array, "B D"], KVCache]:
-    """Runs a left-padded prompt through the model into slots [0, P); returns the last slot's hidden state."""
+def prompt_layout(tokens: Int[Array, "B P"], pad: Int[Array, " B"], capacity: int
+                  ) -> tuple[Int[Array, "B P"], Bool[Array, "B P S"]]:
+    """Positions and causal mask of a left-padded prompt written at slots [0, P)."""
     b, p = tokens.shape
     slots = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    positions = jnp.maximum(slots - pad[:, None], 0)
-    mask = causal_visibility(slots, pad, cache.capacity)
-    hidden, cache = model.forward(tokens, positions, mask, cache, jnp.zeros((b,), jnp.int32))
-    return hidden[:, -1], cache
+    return jnp.maximum(slots - pad[:, None], 0), causal_visibility(slots, pad, capacity)
+
+
+def prefill(model: LM, tokens: Int[Array, "B P"], pad: Int[Array, " B"], cache: KVCache
+            ) -> tuple[Float[Array, "B P D"], KVCache]:
+    """Runs a left-padded prompt through the model into slots [0, P); returns every slot's hidden state."""
+    positions, mask = prompt_layout(tokens, pad, cache.capacity)
+    return model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
 
 
 def is_eos(tokens: Int[Array, "..."], eos_ids: tuple[int, ...]) -> Bool[Array, "..."]:
@@ -81,7 +85,7 @@ def ar_prefill(cfg: ARConfig, model: LM, tokens, pad, temperature, max_new, key)
     cache = model.init_cache(b, cfg.capacity)
     hidden, cache = prefill(model, tokens, pad, cache)
     key, sub = jax.random.split(key)
-    first = sampling.sample(sub, model.head(hidden[:, None])[:, 0], temperature, cfg.sampling)
+    first = sampling.sample(sub, model.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
     out = jnp.full((b, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first)
     done = is_eos(first, cfg.eos_ids) | (max_new <= 1)
     return ARState(out=out, n_gen=jnp.ones((b,), jnp.int32), done=done, last=first,

@@ -27,7 +27,8 @@ class Pool:
       tokens, parent, depth, logp (cumulative), local_p (own draft probability), valid: [B, P].
       ancestors: [B, P, P].  dslot: [B, P] draft-cache offset of an expanded node (-1 if never expanded).
       alpha: [B, P] confidence of an expanded node's draft distribution (NaN if never expanded).
-      count: [B] slots in use.
+      feature: [B, P, F] the draft's predicted feature at an expanded node (F = 0 for LM drafts): the input
+        feature of its children.  count: [B] slots in use.
     """
 
     tokens: Int[Array, "B P"]
@@ -39,10 +40,12 @@ class Pool:
     ancestors: Bool[Array, "B P P"]
     dslot: Int[Array, "B P"]
     alpha: Float[Array, "B P"]
+    feature: Float[Array, "B P F"]
     count: Int[Array, " B"]
 
     @classmethod
-    def start(cls, root: Int[Array, " B"], root_alpha: Float[Array, " B"], size: int) -> Pool:
+    def start(cls, root: Int[Array, " B"], root_alpha: Float[Array, " B"], root_feature: Float[Array, "B F"],
+              size: int) -> Pool:
         b = root.shape[0]
         zeros_i = jnp.zeros((b, size), jnp.int32)
         first = jnp.arange(size) == 0
@@ -52,6 +55,7 @@ class Pool:
             valid=jnp.broadcast_to(first, (b, size)), ancestors=jnp.zeros((b, size, size), bool).at[:, 0, 0].set(True),
             dslot=jnp.broadcast_to(jnp.where(first, 0, -1), (b, size)).astype(jnp.int32),
             alpha=jnp.full((b, size), jnp.nan, jnp.float32).at[:, 0].set(root_alpha),
+            feature=jnp.zeros((b, size) + root_feature.shape[1:], root_feature.dtype).at[:, 0].set(root_feature),
             count=jnp.ones((b,), jnp.int32),
         )
 
@@ -106,6 +110,7 @@ def build_tree(
     root: Int[Array, " B"],
     root_logq: Float[Array, "B V"],
     root_alpha: Float[Array, " B"],
+    root_feature: Float[Array, "B F"],
     shape: policies.StepShape,
     length: Int[Array, " B"],
     pad: Int[Array, " B"],
@@ -115,7 +120,7 @@ def build_tree(
     forwards spent on levels >= 2."""
     b = root.shape[0]
     f, capacity = policy.frontier, cache.capacity
-    pool = Pool.start(root, root_alpha, policy.pool_size)
+    pool = Pool.start(root, root_alpha, root_feature, policy.pool_size)
     first = _Frontier(idx=jnp.zeros((b, f), jnp.int32), valid=(jnp.arange(f) == 0)[None].repeat(b, 0),
                       logq=jnp.zeros((b, f) + root_logq.shape[-1:], root_logq.dtype).at[:, 0].set(root_logq))
     pool, f_idx, f_valid, f_tok = _expand(policy, jnp.int32(1), shape, pool, first)
@@ -137,10 +142,14 @@ def build_tree(
         vis = jnp.einsum("BFP,BPR->BFR", anc.astype(jnp.float32), onehot) > 0
         mask = tree_lib.tree_visibility(vis, length, pad, capacity)
         positions = (length - pad)[:, None] + (level - 1) + jnp.zeros((b, f), jnp.int32)
-        logq, cache = drafter(f_tok, positions, mask, cache, length + base)
+        parents = jnp.maximum(jnp.take_along_axis(pool.parent, f_idx, 1), 0)
+        feat_in = jnp.take_along_axis(pool.feature, parents[:, :, None], 1)
+        logq, feat_out, cache = drafter(f_tok, feat_in, positions, mask, cache, length + base)
         alpha = policies.confidence(logq, policy.top_k)
-        pool = pool.replace(alpha=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(
-            pool.alpha, jnp.where(f_valid, f_idx, pool.alpha.shape[1]), alpha))
+        store = jnp.where(f_valid, f_idx, pool.alpha.shape[1])  # out of range = dropped
+        pool = pool.replace(
+            alpha=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(pool.alpha, store, alpha),
+            feature=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(pool.feature, store, feat_out))
         pool, f_idx, f_valid, f_tok = _expand(policy, level, shape, pool, _Frontier(f_idx, f_valid, logq))
         return level + 1, pool, f_idx, f_valid, f_tok, cache, n_fwd + 1
 

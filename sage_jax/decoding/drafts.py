@@ -1,7 +1,9 @@
-"""Draft sources behind one small interface: a callable that scores tokens and updates its own KV cache.
+"""Draft sources behind one small interface: prefill, then score tokens while updating its own KV cache.
 
-Kinds in this module: a separate smaller LM with the target's tokenizer (the paper's setting) and a
-training-free self-draft (the target's first `n_layers` layers + its final norm and head).
+Every draft also takes and returns *features*: an EAGLE-style head reads the target's feature of the previous
+token and predicts the next one; LM drafts carry features of width 0 (free). Kinds in this module: a separate
+smaller LM with the target's tokenizer (the paper's setting) and a training-free self-draft (the target's first
+`n_layers` layers + its final norm and head).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 from typing import Literal
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from sage_jax.models.kv_cache import KVCache
@@ -53,11 +56,22 @@ class Drafter:
             raise ValueError(f"draft vocab {draft_model.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
         return cls(draft_model)
 
+    feature_dim = 0  # an LM draft reads no target features
+
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         return self.model.init_cache(batch, capacity)
 
-    def __call__(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
-                 cache: KVCache, write_pos: Int[Array, " B"]) -> tuple[Float[Array, "B T V"], KVCache]:
-        """Draft log-probabilities at every position, and the cache with the tokens' keys/values written."""
+    def prefill(self, tokens: Int[Array, "B P"], positions: Int[Array, "B P"], mask: Bool[Array, "B P S"],
+                target_hidden: Float[Array, "B P D"], cache: KVCache) -> KVCache:
+        """Writes the prompt into the draft cache at slots [0, P) (`target_hidden`: for feature drafts)."""
+        del target_hidden
+        _, cache = self.model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+        return cache
+
+    def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T F"], positions: Int[Array, "B T"],
+                 mask: Bool[Array, "B T S"], cache: KVCache, write_pos: Int[Array, " B"]
+                 ) -> tuple[Float[Array, "B T V"], Float[Array, "B T F"], KVCache]:
+        """Draft log-probabilities at every position, the features it predicts (width `feature_dim`; the input
+        `features` are the ones of each token's predecessor), and the cache with the tokens written."""
         hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos)
-        return jax.nn.log_softmax(self.model.head(hidden), axis=-1), cache
+        return jax.nn.log_softmax(self.model.head(hidden), axis=-1), features, cache

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from sage_jax.decoding import policies, sampling, verify
-from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill
+from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
 from sage_jax.decoding.drafting import build_tree
 from sage_jax.decoding.drafts import Drafter
 from sage_jax.decoding.tree import causal_visibility
@@ -49,7 +49,8 @@ class SpecState:
       out: [B, max_new + d_cap + 1] generated tokens.  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
       length: [B] target cache slots committed (the root sits at slot `length`).  pad: [B] left padding.
       root: [B] last committed token (not yet in the target cache).
-      pending: [B, d_cap + 1] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on.
+      pending: [B, d_cap + 1] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on;
+        `pending_feat` [B, d_cap + 1, F]: the target's feature of each one's predecessor (F = 0 for LM drafts).
       t_cache, d_cache: target and draft KV caches.  key: PRNG key.
       alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
       hist: [B, window] recent τ, `hist_n` [B] how many were recorded.
@@ -66,6 +67,7 @@ class SpecState:
     pad: Int[Array, " B"]
     root: Int[Array, " B"]
     pending: Int[Array, "B D"]
+    pending_feat: Float[Array, "B D F"]
     n_pending: Int[Array, " B"]
     length_d: Int[Array, " B"]
     t_cache: KVCache
@@ -93,16 +95,19 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, tem
     pol = cfg.policy
     t_cache = target.init_cache(b, cfg.capacity)
     hidden, t_cache = prefill(target, tokens, pad, t_cache)
-    d_cache = drafter.init_cache(b, cfg.capacity)
-    _, d_cache = prefill(drafter.model, tokens, pad, d_cache)
+    positions, mask = prompt_layout(tokens, pad, cfg.capacity)
+    d_cache = drafter.prefill(tokens, positions, mask, hidden, drafter.init_cache(b, cfg.capacity))
     key, sub = jax.random.split(key)
-    first = sampling.sample(sub, target.head(hidden[:, None])[:, 0], temperature, cfg.sampling)
+    first = sampling.sample(sub, target.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
+    feat = jnp.zeros((b, pol.d_cap + 1, drafter.feature_dim), hidden.dtype)
+    feat = feat.at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
     out = jnp.full((b, cfg.max_new_tokens + pol.d_cap + 1), cfg.pad_id, jnp.int32).at[:, 0].set(first)
     m = cfg.max_steps
     return SpecState(
         out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
         max_new=max_new, length=jnp.full((b,), p, jnp.int32), pad=pad, root=first,
-        pending=jnp.zeros((b, pol.d_cap + 1), jnp.int32).at[:, 0].set(first), n_pending=jnp.ones((b,), jnp.int32),
+        pending=jnp.zeros((b, pol.d_cap + 1), jnp.int32).at[:, 0].set(first), pending_feat=feat,
+        n_pending=jnp.ones((b,), jnp.int32),
         length_d=jnp.full((b,), p, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
         alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
         hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
@@ -136,13 +141,16 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     # ******** Draft: catch up on the pending tokens; the last one is the root. ********
     cu_slots = s.length_d[:, None] + jnp.arange(dc + 1, dtype=jnp.int32)[None]
     cu_mask = causal_visibility(cu_slots, s.pad, capacity)
-    logq, d_cache = drafter(s.pending, cu_slots - s.pad[:, None], cu_mask, s.d_cache, s.length_d)
-    root_logq = jnp.take_along_axis(logq, (s.n_pending - 1)[:, None, None], 1)[:, 0]
+    logq, feat, d_cache = drafter(s.pending, s.pending_feat, cu_slots - s.pad[:, None], cu_mask, s.d_cache,
+                                  s.length_d)
+    last = (s.n_pending - 1)[:, None, None]
+    root_logq = jnp.take_along_axis(logq, last, 1)[:, 0]
+    root_feat = jnp.take_along_axis(feat, last, 1)[:, 0]
     alpha_now = policies.confidence(root_logq, pol.top_k)
     alpha_use = alpha_now if pol.alpha_source == "fresh_root" else s.alpha
     shape = policies.step_shape(pol, alpha_use, s.d_max)
-    tree, pool, d_cache, n_levels = build_tree(pol, drafter, d_cache, s.root, root_logq, alpha_now, shape,
-                                               s.length, s.pad)
+    tree, pool, d_cache, n_levels = build_tree(pol, drafter, d_cache, s.root, root_logq, alpha_now, root_feat,
+                                               shape, s.length, s.pad)
 
     # ******** Verify: one target forward over root + tree. ********
     positions = (s.length - s.pad)[:, None] + tree.depth
@@ -187,6 +195,8 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
         out=out, n_gen=n_gen, done=done, t_cache=t_cache, d_cache=d_cache, key=key,
         length=keep(s.length + 1 + tau, s.length), root=keep(bonus, s.root),
         pending=keep(jnp.where(i <= tau[:, None], new, 0), s.pending), n_pending=keep(tau + 1, s.n_pending),
+        pending_feat=keep(jnp.take_along_axis(hidden, path[:, :, None], 1)[..., : drafter.feature_dim],
+                          s.pending_feat),
         length_d=keep(s.length + 1, s.length_d),
         alpha=keep(alpha_next, s.alpha), d_max=keep(d_max, s.d_max), hist=keep(hist, s.hist),
         hist_n=keep(hist_n, s.hist_n), steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, tau, 0),
