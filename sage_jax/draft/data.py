@@ -1,0 +1,279 @@
+"""Offline self-distillation data: prompts from local corpora, the target's own greedy answers, target features.
+
+Corpora (data.md §2): the Python standard library sources (`sysconfig.get_paths()['stdlib']`) and the Python
+docs' reST sources (Debian `python3.11-doc`, /usr/share/doc/python3.11/html/_sources). Each corpus FILE belongs to
+one split by a stable hash of its relative path (1 in `HELDOUT_MOD` files is held out), so held-out prompts never
+share a source file with training prompts; the hand-written benchmark prompts (`eval_prompts.py`) are in neither.
+
+A dataset is a set of equally long numpy arrays, one row per sequence (prompt + answer, right-padded)::
+
+    tokens [N, L] int32     lengths [N] int32     answer_start [N] int32     kind [N] int32 (index into KINDS)
+    features [N, L, D] float32 (optional): the target's last hidden state before its final norm
+
+stored as one `.npz` (tokens) + one `.npy` (features, memory-mapped), and served by a `grain.MapDataset`
+(random access: the batch of step s is `ds[s]`, so the data position of a resumed run is just its step).
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import os
+import random
+import sysconfig
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sage_jax.models import layers
+
+DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
+HELDOUT_MOD = 10
+KINDS = ("code", "explanation", "rewriting", "lists")
+
+_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "code": (
+        "Explain this Python code:\n```python\n{code}\n```",
+        "What does the following Python function do?\n```python\n{code}\n```",
+        "Write a short docstring for this function:\n```python\n{code}\n```",
+        "Write a Python function that does the following: {doc}",
+        "Rewrite this Python code to be easier to read:\n```python\n{code}\n```",
+    ),
+    "explanation": (
+        "Summarize: {text}",
+        "Explain the following passage from the Python documentation in simple terms:\n{text}",
+        "What is the main idea of this text?\n{text}",
+    ),
+    "rewriting": (
+        "Rewrite the following paragraph in plain English:\n{text}",
+        "Paraphrase this text:\n{text}",
+        "Make this paragraph shorter and clearer:\n{text}",
+    ),
+    "lists": (
+        "List the key points of this text:\n{text}",
+        "Make a bulleted list of the concepts mentioned here:\n{text}",
+        "List three questions a student might ask about this:\n{text}",
+        "List the steps performed by this code:\n```python\n{code}\n```",
+    ),
+}
+
+
+def _split_of(relpath: str) -> str:
+    h = int(hashlib.sha1(relpath.encode()).hexdigest()[:8], 16)
+    return "heldout" if h % HELDOUT_MOD == 0 else "train"
+
+
+def corpus_files(split: str) -> tuple[list[str], list[str]]:
+    """(python sources, reST docs) of `split` ("train" or "heldout"), sorted."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"unknown split {split!r}")
+    stdlib = sysconfig.get_paths()["stdlib"]
+    py = [f for f in sorted(glob.glob(os.path.join(stdlib, "**", "*.py"), recursive=True))
+          if not any(s in f for s in ("/test", "idlelib", "site-packages", "lib2to3/tests"))]
+    rst = sorted(glob.glob(os.path.join(DOCS_DIR, "**", "*.rst.txt"), recursive=True))
+    py = [f for f in py if _split_of("py/" + os.path.relpath(f, stdlib)) == split]
+    rst = [f for f in rst if _split_of("rst/" + os.path.relpath(f, DOCS_DIR)) == split]
+    return py, rst
+
+
+def code_snippets(path: str, min_chars: int = 120, max_chars: int = 700) -> list[tuple[str, str]]:
+    """(source, first docstring line) of functions in a Python file that are short enough."""
+    try:
+        src = open(path, encoding="utf-8").read()
+        tree = ast.parse(src)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines = src.split("\n")
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            seg = "\n".join(lines[first - 1: node.end_lineno])
+            if min_chars <= len(seg) <= max_chars:
+                doc = (ast.get_docstring(node) or "").strip().split("\n")[0]
+                out.append((textwrap.dedent(seg), doc))
+    return out
+
+
+def paragraphs(path: str, min_chars: int = 200, max_chars: int = 700) -> list[str]:
+    """Prose paragraphs of a reST file (directives, headings, tables, code blocks dropped)."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except UnicodeDecodeError:
+        return []
+    out = []
+    for block in text.split("\n\n"):
+        lines = block.strip("\n").split("\n")
+        if not lines or any(ln.startswith((" ", "..", "=", "-", "*", "+", "|", ">>>", ":")) for ln in lines):
+            continue
+        para = " ".join(ln.strip() for ln in lines)
+        if min_chars <= len(para) <= max_chars and para[-1] in ".:)":
+            out.append(para)
+    return out
+
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: str
+    text: str
+
+
+def build_prompts(n: int, split: str, seed: int = 0) -> list[Prompt]:
+    """`n` chat prompts, kinds in round-robin, each from a random snippet of `split`'s corpus files."""
+    rng = random.Random(f"{split}-{seed}")
+    py, rst = corpus_files(split)
+    rng.shuffle(py)
+    rng.shuffle(rst)
+    want = max(n, 64)
+    snippets: list[tuple[str, str]] = []
+    for f in py:  # read files only until there is enough text (several files per prompt kind for variety)
+        snippets += code_snippets(f)[:8]
+        if len(snippets) >= want:
+            break
+    paras: list[str] = []
+    for f in rst:
+        paras += paragraphs(f)[:8]
+        if len(paras) >= want:
+            break
+    if not snippets or not paras:
+        raise RuntimeError(f"no corpus text for split {split!r} (is python3.11-doc installed? {DOCS_DIR})")
+    rng.shuffle(snippets)
+    rng.shuffle(paras)
+    out: list[Prompt] = []
+    i = 0
+    while len(out) < n:
+        kind = KINDS[i % len(KINDS)]
+        template = rng.choice(_TEMPLATES[kind])
+        code, doc = snippets[i % len(snippets)]
+        if "{doc}" in template and not doc:
+            template = _TEMPLATES["code"][0]
+        text = template.format(code=code.strip(), doc=doc, text=paras[i % len(paras)])
+        out.append(Prompt(kind, text))
+        i += 1
+    return out
+
+
+def encode(tokenizer, text: str, vocab_size: int) -> list[int]:
+    """Chat-templated prompt ids; without a tokenizer (tiny test targets) bytes folded into [2, V)."""
+    if tokenizer is None:
+        return [2 + b % (vocab_size - 2) for b in text.encode()]
+    from sage_jax.chat import prompt_ids
+
+    return prompt_ids(tokenizer, text)
+
+
+def generate(target, tokenizer, prompts: Sequence[Prompt], *, batch: int, max_new_tokens: int,
+             max_prompt_tokens: int, progress: Callable[[int, float], None] | None = None) -> dict[str, np.ndarray]:
+    """The target's greedy answers (our batched AR `Engine`) -> dataset arrays (without features).
+
+    Chat prompts longer than `max_prompt_tokens` are dropped (byte-encoded ones, without a tokenizer, are cut)."""
+    from sage_jax.engine import Engine
+
+    cfg = target.cfg
+    eng = Engine(target)
+    ids, kinds = [], []
+    for p in prompts:
+        t = encode(tokenizer, p.text, cfg.vocab_size)
+        if tokenizer is None:
+            t = t[:max_prompt_tokens]
+        if len(t) <= max_prompt_tokens:
+            ids.append(t)
+            kinds.append(KINDS.index(p.kind))
+    if not ids:
+        raise ValueError(f"every prompt is longer than max_prompt_tokens={max_prompt_tokens}")
+    length = max_prompt_tokens + max_new_tokens
+    tokens = np.full((len(ids), length), cfg.pad_token_id, np.int32)
+    lengths = np.zeros((len(ids),), np.int32)
+    starts = np.zeros((len(ids),), np.int32)
+    t0 = time.perf_counter()
+    for s in range(0, len(ids), batch):
+        chunk = ids[s: s + batch]
+        padded = chunk + [chunk[-1]] * (batch - len(chunk))  # one compiled batch shape
+        gen = eng.generate(padded, policy="ar", max_new_tokens=max_new_tokens)
+        for j, (p, a) in enumerate(zip(chunk, gen.token_ids[: len(chunk)], strict=True)):
+            seq = (list(p) + list(a))[:length]
+            tokens[s + j, : len(seq)] = seq
+            lengths[s + j] = len(seq)
+            starts[s + j] = len(p)
+        if progress is not None:
+            progress(min(s + batch, len(ids)), time.perf_counter() - t0)
+    return {"tokens": tokens, "lengths": lengths, "answer_start": starts, "kind": np.asarray(kinds, np.int32)}
+
+
+def compute_features(target_lm, tokens: np.ndarray, lengths: np.ndarray, *, batch: int,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """The target's features (last hidden state before the final norm) of every row: [N, L, D] float32."""
+    n, length = tokens.shape
+    out = np.zeros((n, length, target_lm.cfg.d_model), np.float32) if out is None else out
+
+    @jax.jit
+    def fwd(lm_, toks):
+        b = toks.shape[0]
+        pos = jnp.broadcast_to(jnp.arange(length), (b, length))
+        mask = layers.causal_mask(length, jnp.zeros((b,), jnp.int32))
+        return lm_.forward(toks, pos, mask)[0].astype(jnp.float32)
+
+    for s in range(0, n, batch):
+        chunk = tokens[s: s + batch]
+        pad = batch - len(chunk)
+        if pad:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
+        out[s: s + batch] = np.asarray(fwd(target_lm, chunk))[: batch - pad]
+    return out
+
+
+def save(path_prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    """`<prefix>.npz` (integer arrays) + `<prefix>.features.npy` (when present). Atomic per file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path_prefix)), exist_ok=True)
+    ints = {k: v for k, v in arrays.items() if k != "features"}
+    np.savez(path_prefix + ".tmp.npz", **ints)
+    os.replace(path_prefix + ".tmp.npz", path_prefix + ".npz")
+    if "features" in arrays:
+        np.save(path_prefix + ".features.tmp.npy", arrays["features"])
+        os.replace(path_prefix + ".features.tmp.npy", path_prefix + ".features.npy")
+
+
+def load(path_prefix: str, *, features: bool = True) -> dict[str, np.ndarray]:
+    with np.load(path_prefix + ".npz") as z:
+        out = {k: z[k] for k in z.files}
+    if features and os.path.exists(path_prefix + ".features.npy"):
+        out["features"] = np.load(path_prefix + ".features.npy", mmap_mode="r")
+    return out
+
+
+def exists(path_prefix: str, *, features: bool = True) -> bool:
+    return os.path.exists(path_prefix + ".npz") and (not features or os.path.exists(path_prefix + ".features.npy"))
+
+
+class _Rows:
+    """Random-access source over the dataset arrays (one dict of rows per index)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.arrays = arrays
+        self.n = len(arrays["tokens"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return {k: np.asarray(v[i]) for k, v in self.arrays.items()}
+
+
+def batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int, shuffle: bool = True) -> grain.MapDataset:
+    """Infinite, reshuffled-per-epoch batches; `ds[step]` is the batch of `step` (deterministic)."""
+    ds = grain.MapDataset.source(_Rows(arrays))
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    return ds.repeat().batch(batch_size, drop_remainder=True)
+
+
+def eval_batches(arrays: dict[str, np.ndarray], batch_size: int) -> grain.MapDataset:
+    """The held-out rows once, in order, in full batches (the last partial batch is dropped)."""
+    return grain.MapDataset.source(_Rows(arrays)).batch(batch_size, drop_remainder=True)

@@ -1,0 +1,163 @@
+"""EAGLE-style draft head: one decoder layer over [target feature ; next-token embedding], reusing the target's
+embedding, final norm and LM head (frozen, passed in, never owned).
+
+At position t the head reads concat(f_{t-1}, E[x_t]) where f is the target's last-layer hidden state BEFORE its
+final norm (what `Decoder.forward` / `LM.forward` return) and E the target's embedding, maps it with a linear
+`fc` [2D -> D] and one pre-norm transformer layer (RoPE, GQA, its own one-layer KV cache) to f̂_t; the logits of
+x_{t+1} are the target's final norm + LM head applied to f̂_t.
+
+Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head")::
+
+    fc:    [2D, D]   input projection of concat(feature, embedding)
+    fc_b:  [D]
+    layer: the fused per-layer dict of `sage_jax.models.lm.fuse_layer`:
+           attn_norm [D], wqkv [D, (N+2K)H], bqkv [(N+2K)H] (qkv_bias only), wo [NH, D],
+           mlp_norm [D], w_gate_up [D, 2F], w_down [F, D]
+
+`head_cfg` is an `LMConfig` with n_layers=1 and the target's d_model / vocab_size (see `head_config`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Int
+
+from configs.sharding import shard
+from sage_jax.draft.vocab import DraftVocab
+from sage_jax.models import lm
+from sage_jax.models.config import LMConfig
+from sage_jax.models.kv_cache import KVCache
+
+KIND = "eagle_head"
+_INIT = nnx.initializers.normal(0.02)
+
+
+def head_config(target: LMConfig, **overrides) -> LMConfig:
+    """The head's layer config: the target's attention / MLP shapes, one layer (`overrides` e.g. mlp_dim)."""
+    return target.replace(n_layers=1, **overrides)
+
+
+class EagleHead(nnx.Module):
+    """The head's parameters as an NNX module (for init and sharding metadata); compute is `eagle_forward`."""
+
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+        if cfg.n_layers != 1:
+            raise ValueError(f"an EAGLE head has one layer, the config says {cfg.n_layers}")
+        d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+        dt = jnp.dtype(cfg.param_dtype)
+
+        def p(shape, axes, init=_INIT):
+            return nnx.Param(init(rngs.params(), shape, dt), axes=axes)
+
+        ones, zeros = nnx.initializers.ones, nnx.initializers.zeros
+        self.fc = p((2 * d, d), (None, "embed"))
+        self.fc_b = p((d,), ("embed",), zeros)
+        layer = {
+            "attn_norm": p((d,), ("embed",), ones),
+            "wqkv": p((d, (n + 2 * k) * h), ("embed", None)),
+            "wo": p((n * h, d), (None, "embed")),
+            "mlp_norm": p((d,), ("embed",), ones),
+            "w_gate_up": p((d, 2 * f), ("embed", None)),
+            "w_down": p((f, d), (None, "embed")),
+        }
+        if cfg.qkv_bias:
+            layer["bqkv"] = p(((n + 2 * k) * h,), (None,), zeros)
+        self.layer = nnx.Dict(layer)
+
+    def params(self) -> dict:
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+
+def init_params(cfg: LMConfig, seed: int = 0) -> dict:
+    """Fresh head parameters (pure dict, the layout above)."""
+    return EagleHead(cfg, rngs=nnx.Rngs(seed)).params()
+
+
+def init_cache(cfg: LMConfig, batch: int, capacity: int) -> KVCache:
+    """The head's own one-layer KV cache."""
+    return KVCache.zeros(1, batch, capacity, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cfg.dtype))
+
+
+def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Array, "V D"],
+                   tokens: Int[Array, "B T"], features_prev: Float[Array, "B T D"], positions: Int[Array, "B T"],
+                   mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None
+                   ) -> tuple[Float[Array, "B T D"], KVCache | None]:
+    """f̂ [B, T, D] (the predicted target features) and the updated cache; no LM head."""
+    dt = jnp.dtype(head_cfg.dtype)
+    e = lm.embed_tokens(head_cfg, target_embed, tokens)
+    x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
+    x = jnp.einsum("BTE,ED->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)
+    x = shard(x, ("batch", "seq", "embed"))
+    if cache is None:
+        x, _, _ = lm.block(head_cfg, head_params["layer"], x, positions, None, None, None, mask)
+        return x, None
+    if cache.n_layers != 1:
+        raise ValueError(f"an EAGLE head's cache has one layer, got {cache.n_layers}")
+    x, k, v = lm.block(head_cfg, head_params["layer"], x, positions, cache.k[0], cache.v[0], write_pos, mask)
+    return x, KVCache(k=(k,), v=(v,))
+
+
+def eagle_forward(head_params: dict, head_cfg: LMConfig, target_embed: Float[Array, "V D"],
+                  target_final_norm: Float[Array, " D"], target_lm_head: Float[Array, "D V"] | None,
+                  tokens: Int[Array, "B T"], features_prev: Float[Array, "B T D"], positions: Int[Array, "B T"],
+                  mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None,
+                  *, vocab: DraftVocab | None = None
+                  ) -> tuple[Float[Array, "B T V"], Float[Array, "B T D"], KVCache | None]:
+    """(logits, f̂, cache). Pure; jit it with `head_cfg` static.
+
+    tokens[b, t] = x_t, features_prev[b, t] = f_{t-1} (the target's feature of the previous token, or the head's
+    own prediction f̂_{t-1} when drafting several steps ahead). `target_lm_head` None = tied embeddings.
+    With a cache, keys/values go to slots `write_pos[b] + [0, T)` and `mask` [B, T, S] ranges over the cache;
+    without one, the T tokens attend among themselves under `mask` [B, T, T].
+    With `vocab`, the logits cover only its N ids ([B, T, N]; `vocab.to_full` / `vocab.log_probs_full` map them
+    back to the full vocabulary) and `target_lm_head` is ignored (the subset head was gathered by `vocab`).
+    """
+    feats, cache = eagle_features(head_params, head_cfg, target_embed, tokens, features_prev, positions, mask,
+                                  cache, write_pos)
+    if vocab is not None:
+        logits = lm.head(head_cfg, None, target_final_norm, vocab.head, feats)
+    else:
+        logits = lm.head(head_cfg, target_embed, target_final_norm, target_lm_head, feats)
+    return logits, feats, cache
+
+
+def shift_features(features: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+    """Target features f_t -> the head's input f_{t-1} (zeros at t = 0): teacher forcing."""
+    return jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
+
+
+def n_params(head_params: dict) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(head_params))
+
+
+def save_head(path: str, head_cfg: LMConfig, head_params: dict, *, target_cfg: LMConfig | None = None,
+              vocab_ids=None, provenance: dict | None = None, overwrite: bool = False, dtype: str | None = None
+              ) -> str:
+    """Writes a `configs.checkpoint` of kind "eagle_head": params {"head": <layout above>[, "vocab_ids": [N]]},
+    metadata config = {"head": head_cfg, "target": target_cfg, "vocab_size": N or 0}. `dtype` e.g. "bfloat16"."""
+    import numpy as np
+
+    from configs import checkpoint
+
+    params = jax.tree.map(lambda x: np.asarray(x, jnp.dtype(dtype)) if dtype else np.asarray(x), head_params)
+    tree = {"head": params}
+    if vocab_ids is not None:
+        tree["vocab_ids"] = np.asarray(vocab_ids, np.int32)
+    config = {"head": head_cfg.to_json(), "target": target_cfg.to_json() if target_cfg else None,
+              "vocab_size": 0 if vocab_ids is None else int(np.size(vocab_ids))}
+    return checkpoint.save(path, tree, config=config, kind=KIND, provenance=provenance, overwrite=overwrite)
+
+
+def load_head(path: str, *, dtype: str | None = "float32") -> tuple[LMConfig, dict, object, dict]:
+    """(head_cfg, head_params, vocab_ids or None, metadata) of a checkpoint written by `save_head`."""
+    from configs import checkpoint
+
+    meta = checkpoint.read_metadata(path)
+    if meta.get("kind") != KIND:
+        raise checkpoint.CheckpointError(f"{path} holds a {meta.get('kind')!r} checkpoint, not an {KIND}")
+    tree = checkpoint.restore(path)
+    cfg = LMConfig.from_json(meta["config"]["head"])
+    params = tree["head"] if dtype is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), tree["head"])
+    return cfg, params, tree.get("vocab_ids"), meta
