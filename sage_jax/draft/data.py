@@ -207,25 +207,33 @@ def generate(target, tokenizer, prompts: Sequence[Prompt], *, batch: int, max_ne
     return {"tokens": tokens, "lengths": lengths, "answer_start": starts, "kind": np.asarray(kinds, np.int32)}
 
 
-def compute_features(target_lm, tokens: np.ndarray, lengths: np.ndarray, *, batch: int,
-                     out: np.ndarray | None = None) -> np.ndarray:
-    """The target's features (last hidden state before the final norm) of every row: [N, L, D] float32."""
+def compute_features(target_lm, tokens: np.ndarray, lengths: np.ndarray, *, batch: int, multiple: int = 32,
+                     progress: Callable[[int, float], None] | None = None) -> np.ndarray:
+    """The target's features (last hidden state before the final norm) of every row: [N, L, D] float32, zeros
+    past each row's length. Rows are grouped by length (sorted), each group cut to its longest row rounded up to
+    `multiple`, so short rows cost less (one compilation per distinct group length)."""
     n, length = tokens.shape
-    out = np.zeros((n, length, target_lm.cfg.d_model), np.float32) if out is None else out
+    out = np.zeros((n, length, target_lm.cfg.d_model), np.float32)
 
     @jax.jit
     def fwd(lm_, toks):
-        b = toks.shape[0]
-        pos = jnp.broadcast_to(jnp.arange(length), (b, length))
-        mask = layers.causal_mask(length, jnp.zeros((b,), jnp.int32))
+        b, t = toks.shape
+        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+        mask = layers.causal_mask(t, jnp.zeros((b,), jnp.int32))
         return lm_.forward(toks, pos, mask)[0].astype(jnp.float32)
 
+    order = np.argsort(lengths, kind="stable")
+    t0 = time.perf_counter()
     for s in range(0, n, batch):
-        chunk = tokens[s: s + batch]
-        pad = batch - len(chunk)
+        rows = order[s: s + batch]
+        t = min(length, -(-int(lengths[rows].max()) // multiple) * multiple)
+        chunk = tokens[rows, :t]
+        pad = batch - len(rows)
         if pad:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        out[s: s + batch] = np.asarray(fwd(target_lm, chunk))[: batch - pad]
+        out[rows, :t] = np.asarray(fwd(target_lm, chunk))[: len(rows)]
+        if progress is not None:
+            progress(min(s + batch, n), time.perf_counter() - t0)
     return out
 
 
