@@ -88,7 +88,12 @@ def dpsgd_noise_multiplier(noise: str, epsilon: float, delta: float, steps: int 
     if noise == "gaussian":
         base, accountant = dp_accounting.GaussianDpEvent, rdp.RdpAccountant
     elif noise == "laplace":
-        base, accountant = dp_accounting.LaplaceDpEvent, pld.PLDAccountant
+        if steps == 1 and sampling_rate >= 1.0:
+            # One Laplace release is pure ε-DP at b = Δ₁/ε (δ unused): exact, and PLD at large ε takes minutes.
+            return 1.0 / epsilon
+        base = dp_accounting.LaplaceDpEvent
+        # RDP has no Laplace support; PLD is pessimistic under discretisation, so a coarse grid stays valid.
+        accountant = functools.partial(pld.PLDAccountant, value_discretization_interval=1e-2)
     else:
         raise ValueError(f"unknown noise {noise!r}; expected 'gaussian' or 'laplace'")
 

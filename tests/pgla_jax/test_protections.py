@@ -32,6 +32,7 @@ def test_paper_calibration_reproduces_the_released_code():
 
 def test_dpsgd_multiplier_comes_from_the_accountant():
     import dp_accounting
+    import dp_accounting.pld
     from dp_accounting import rdp
 
     z = protections.dpsgd_noise_multiplier("gaussian", 1.0, 1e-5)
@@ -41,6 +42,12 @@ def test_dpsgd_multiplier_comes_from_the_accountant():
     assert 3.0 < z < 5.0  # classical analytic bound √(2 ln(1.25/δ)) = 4.84 is looser
     # Pure ε-DP Laplace, one release: b = C/ε exactly, i.e. z = 1/ε.
     assert protections.dpsgd_noise_multiplier("laplace", 2.0, 1e-5) == pytest.approx(0.5, rel=1e-3)
+    # Composed Laplace releases go through the PLD accountant: between advanced and basic composition.
+    z10 = protections.dpsgd_noise_multiplier("laplace", 10.0, 1e-4, steps=10)
+    assert 0.5 < z10 <= 1.0 + 1e-6  # basic composition: 10 releases of (ε/10)-DP need z = 10/ε = 1
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(z10), 10))
+    assert acc.get_epsilon(1e-4) <= 10.0 + 0.05
     # More releases or a smaller ε need more noise.
     assert protections.dpsgd_noise_multiplier("gaussian", 1.0, 1e-5, steps=10) > z
     assert protections.dpsgd_noise_multiplier("gaussian", 0.5, 1e-5) > z
