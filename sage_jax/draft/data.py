@@ -231,7 +231,8 @@ def compute_features(target_lm, tokens: np.ndarray, lengths: np.ndarray, *, batc
         pad = batch - len(rows)
         if pad:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        out[rows, :t] = np.asarray(fwd(target_lm, chunk))[: len(rows)]
+        valid = np.arange(t)[None, :] < lengths[rows][:, None]
+        out[rows, :t] = np.asarray(fwd(target_lm, chunk))[: len(rows)] * valid[..., None]
         if progress is not None:
             progress(min(s + batch, n), time.perf_counter() - t0)
     return out

@@ -88,7 +88,7 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
     dt = jnp.dtype(head_cfg.dtype)
     e = lm.embed_tokens(head_cfg, target_embed, tokens)
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
-    x = jnp.einsum("BTE,ED->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)
+    x = jnp.einsum("BTE,ED->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))
     if cache is None:
         x, _, _ = lm.block(head_cfg, head_params["layer"], x, positions, None, None, None, mask)

@@ -1,0 +1,231 @@
+"""Draft training side: EAGLE head (cache consistency, reduced vocab), training raises held-out acceptance,
+resumed training repeats the loss exactly, LM-draft export matches transformers, data splits, the CLI."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sage_jax.draft import data, eagle, train
+from sage_jax.draft.eval_prompts import EVAL_PROMPTS
+from sage_jax.draft.vocab import DraftVocab, top_ids
+from sage_jax.models import layers
+from sage_jax.models.config import LMConfig
+from sage_jax.models.decoder import Decoder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+@pytest.fixture(scope="module")
+def target(tiny_lm):
+    return tiny_lm(0, scale=2.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(target):
+    """Greedy answers of the tiny target to random letter prompts (byte-encoded), with target features."""
+    rng = np.random.default_rng(0)
+    prompts = [data.Prompt("code", "".join(chr(97 + int(c)) for c in rng.integers(0, 26, 24))) for _ in range(80)]
+    lm_t = target.serving()
+    out = []
+    for ps in (prompts[:64], prompts[64:]):
+        arrays = data.generate(target, None, ps, batch=16, max_new_tokens=40, max_prompt_tokens=24)
+        arrays["features"] = data.compute_features(lm_t, arrays["tokens"], arrays["lengths"], batch=16)
+        out.append(arrays)
+    return out
+
+
+def _tc(**kw):
+    base = dict(steps=48, batch_size=8, lr=1e-2, warmup=5, eval_every=0, ckpt_every=1000, feature_weight=0.1)
+    return train.TrainConfig(**{**base, **kw})
+
+
+def test_features_are_the_decoder_hidden_states(target, tiny_data):
+    tr, _ = tiny_data
+    n = int(tr["lengths"][0])
+    _, hidden, _ = target(jnp.asarray(tr["tokens"][:1, :n]))
+    np.testing.assert_allclose(np.asarray(tr["features"][0, :n]), np.asarray(hidden[0]), rtol=1e-4, atol=1e-4)
+    assert np.all(tr["features"][0, n:] == 0)
+    assert np.all(tr["answer_start"] == 24) and np.all(tr["lengths"] > 24)
+
+
+def test_eagle_forward_cache_matches_no_cache(target):
+    cfg = eagle.head_config(target.cfg)
+    hp = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle.init_params(cfg, 1))
+    lm_t = target.serving()
+    b, t, cap = 2, 12, 20
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+    feats = jnp.asarray(rng.normal(size=(b, t, cfg.d_model)), jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    args = (hp, cfg, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
+    fwd = jax.jit(eagle.eagle_forward, static_argnums=1)
+    full_logits, full_f, none = fwd(*args, tokens, feats, pos, layers.causal_mask(t, jnp.zeros((b,), jnp.int32)))
+    assert none is None and full_logits.shape == (b, t, cfg.vocab_size) and full_f.shape == (b, t, cfg.d_model)
+    cache = eagle.init_cache(cfg, b, cap)
+    slots = jnp.arange(cap)
+    got_l, got_f = [], []
+    for s, e in ((0, 5), (5, 6), (6, 9), (9, 12)):  # prefill, one step, a chunk, the rest
+        q = jnp.arange(s, e)
+        mask = jnp.broadcast_to(slots[None, :] <= q[:, None], (b, e - s, cap))
+        lo, fo, cache = fwd(*args, tokens[:, s:e], feats[:, s:e], pos[:, s:e], mask, cache,
+                            jnp.full((b,), s, jnp.int32))
+        got_l.append(lo)
+        got_f.append(fo)
+    np.testing.assert_allclose(np.concatenate(got_l, 1), full_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(got_f, 1), full_f, rtol=1e-5, atol=1e-5)
+
+
+def test_reduced_vocab_maps_ids_back(target):
+    seqs = [[5, 5, 5, 9, 9, 3], [9, 7, 7, 7, 7, 42]]
+    ids = top_ids(seqs, 4, 128, always=(1,))
+    assert ids.tolist() == [1, 5, 7, 9]  # 7 x5, 9 x3, 5 x3, then the forced EOS
+    cfg = eagle.head_config(target.cfg)
+    lm_t = target.serving()
+    voc = DraftVocab.build(ids, lm_t.embed, lm_t.lm_head)
+    hp = eagle.init_params(cfg, 0)
+    b, t = 1, 6
+    tokens = jnp.asarray(seqs[:1], jnp.int32)
+    feats = jnp.ones((b, t, cfg.d_model))
+    pos = jnp.arange(t)[None]
+    mask = layers.causal_mask(t, jnp.zeros((b,), jnp.int32))
+    full, _, _ = eagle.eagle_forward(hp, cfg, lm_t.embed, lm_t.final_norm, lm_t.lm_head, tokens, feats, pos, mask)
+    sub, _, _ = eagle.eagle_forward(hp, cfg, lm_t.embed, lm_t.final_norm, lm_t.lm_head, tokens, feats, pos, mask,
+                                    vocab=voc)
+    assert sub.shape == (b, t, 4)
+    np.testing.assert_allclose(sub, full[..., ids], rtol=1e-6, atol=1e-6)
+    back = voc.to_full(sub)
+    assert back.shape == full.shape and np.all(np.isneginf(np.delete(np.asarray(back), ids, axis=-1)))
+    np.testing.assert_array_equal(back[..., ids], sub)
+    lp = voc.log_probs_full(sub)
+    np.testing.assert_allclose(jnp.sum(jnp.exp(lp), -1), 1.0, rtol=1e-5)
+    top = voc.to_full_ids(jnp.argmax(sub, -1))
+    np.testing.assert_array_equal(top, jnp.argmax(back, -1))
+    idx, inside = voc.to_subset(jnp.asarray([1, 2, 9, 127]))
+    assert inside.tolist() == [True, False, True, False] and ids[int(idx[2])] == 9
+
+
+def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
+    tr, he = tiny_data
+    cfg = eagle.head_config(target.cfg)
+    tc = _tc(eval_every=24)
+    task = train.eagle_task(cfg, tc)
+    fz = train.frozen_target(target.serving())
+    p0 = eagle.init_params(cfg, 0)
+    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
+    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False, log=print)
+    print(f"held-out teacher-forced acceptance {acc0:.3f} -> {res.evals}")
+    assert res.evals[48] >= acc0 + 0.15, (acc0, res.evals)
+    assert res.losses[47] < res.losses[0]
+    path = eagle.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
+    cfg2, p2, ids, meta = eagle.load_head(path)
+    assert cfg2 == cfg and ids is None and meta["kind"] == "eagle_head"
+    assert jax.tree.structure(p2) == jax.tree.structure(res.params)
+
+
+def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
+    tr, he = tiny_data
+    ids = top_ids([r[:n] for r, n in zip(tr["tokens"], tr["lengths"], strict=True)], 48, 128, always=(1,))
+    cfg = eagle.head_config(target.cfg)
+    tc = _tc(steps=12, ckpt_every=4, eval_every=0)
+    task = train.eagle_task(cfg, tc)
+    fz = train.frozen_target(target.serving(), ids)
+    p0 = eagle.init_params(cfg, 0)
+    whole = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "a"), progress=False)
+    first = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), stop_at=6, progress=False)
+    assert sorted(first.losses) == list(range(6))
+    rest = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
+    assert sorted(rest.losses) == list(range(6, 12))
+    for s in range(12):
+        got = first.losses[s] if s < 6 else rest.losses[s]
+        assert abs(got - whole.losses[s]) <= 1e-6 * max(1.0, abs(whole.losses[s])), (s, got, whole.losses[s])
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), rest.params, whole.params)
+
+
+def test_lm_draft_distillation_step(target, tiny_data, tmp_path):
+    tr, he = tiny_data
+    dcfg = target.cfg.replace(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=32,
+                              tie_embeddings=True)
+    tc = _tc(steps=24, eval_every=24, feature_weight=0.0)
+    task = train.lm_task(dcfg, tc)
+    fz = train.frozen_target(target.serving())
+    p0 = Decoder(dcfg, rngs=nnx.Rngs(0)).params()
+    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
+    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False)
+    assert res.losses[23] < res.losses[0] and res.evals[24] > acc0
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_export_matches_transformers(tmp_path, qkv_bias, rel_err):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from sage_jax.draft.export import export_lm
+
+    cfg = LMConfig.tiny(qkv_bias=qkv_bias, tie_embeddings=not qkv_bias, n_layers=2)
+    model = Decoder(cfg, rngs=nnx.Rngs(3))
+    nnx.update(model, jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape),
+                                   nnx.state(model, nnx.Param)))
+    out = export_lm(tmp_path / "hf", cfg, jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32),
+                                                        model.params()))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    toks = np.random.default_rng(0).integers(0, 128, size=(2, 40)).astype(np.int32)
+    with torch.no_grad():
+        ref_logits = ref(torch.tensor(toks, dtype=torch.long)).logits.numpy()
+    ours_model = Decoder(cfg, rngs=nnx.Rngs(0))
+    nnx.update(ours_model, jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32),
+                                        nnx.state(model, nnx.Param)))
+    ours = np.asarray(ours_model(jnp.asarray(toks))[0])
+    err = rel_err(ours, ref_logits)
+    print(f"exported draft (qkv_bias={qkv_bias}) rel err {err:.2e}")
+    assert err <= 1e-4
+
+
+def test_splits_and_eval_prompts_are_disjoint_from_training():
+    py_tr, rst_tr = data.corpus_files("train")
+    py_he, rst_he = data.corpus_files("heldout")
+    assert py_he and rst_he and py_tr and rst_tr
+    assert not set(py_tr) & set(py_he) and not set(rst_tr) & set(rst_he)
+    assert len(EVAL_PROMPTS) >= 20 and {k for k, _ in EVAL_PROMPTS} == set(data.KINDS)
+    train_texts = [p.text for p in data.build_prompts(64, "train", 0)]
+    held = data.build_prompts(16, "heldout", 0)
+    assert {p.kind for p in held} == set(data.KINDS)
+    assert not set(train_texts) & {p.text for p in held}
+    for _, text in EVAL_PROMPTS:
+        assert not any(text in t for t in train_texts)
+
+
+def _cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "sage_jax.train_draft", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, **kw)
+
+
+@pytest.mark.parametrize("args", [
+    ("--config", "no_such_config"),
+    ("--config", "tiny", "--set", "eagle.train.nope=1"),
+    ("--config", "tiny", "--set", "eagle.train.steps=abc"),
+    ("--config", "tiny", "--set", "kinds=medusa"),
+])
+def test_cli_bad_input_exits_2(args, tmp_path):
+    r = _cli(*args, "--workdir", str(tmp_path / "w"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_cli_tiny_recipe_end_to_end(tmp_path):
+    import json
+
+    r = _cli("--config", "configs/sage/tiny.py", "--workdir", str(tmp_path), "--no-progress")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["eagle"]["acceptance"]["40"] > summary["eagle"]["acceptance_initial"] + 0.1
+    from sage_jax.io import load_lm
+
+    cfg, model, _ = load_lm(summary["lm"]["path"])
+    assert cfg.vocab_size == 128 and cfg.n_layers == 2
