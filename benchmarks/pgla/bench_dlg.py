@@ -6,6 +6,9 @@ Same process, same CPU, same image, same victim weights (ours copied into the to
   history 10, exactly 300 iterations (torch's tolerances disabled, its evaluation cap lifted);
 * ``fixed step``: L-BFGS with step 1 and no line search, the original DLG script's setting.
 
+Our default DLG is the line-search one. Optax's fixed-step L-BFGS (first step scaled by its initial
+preconditioner, unlike torch's) diverges from some starts: its PSNR column shows when it did.
+
 Compilation is excluded from our timings (one warm-up call with another key); torch gets one warm-up run too.
 Each timing is the median of ``--repeats`` runs. Prints a table with the speed ratio (torch time / our time).
 
