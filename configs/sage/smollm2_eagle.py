@@ -9,8 +9,8 @@ import ml_collections
 
 
 def _train(**kw) -> ml_collections.ConfigDict:
-    base = dict(steps=300, batch_size=16, lr=2e-3, warmup=20, weight_decay=0.0, clip=1.0, seed=0, prompt_weight=0.2,
-                feature_weight=0.1, eval_every=50, ckpt_every=25, log_every=1)
+    base = dict(steps=200, batch_size=16, lr=2e-3, warmup=20, weight_decay=0.0, clip=1.0, seed=0, prompt_weight=0.2,
+                feature_weight=0.1, head_window=97, eval_every=50, ckpt_every=25, log_every=1)
     return ml_collections.ConfigDict({**base, **kw})
 
 
@@ -23,9 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.kinds = "eagle,lm"
     c.vocab_size = 8192
     c.out_dtype = "bfloat16"  # shipped size: the head is ~4.3 M params -> ~9 MB
-    c.data = ml_collections.ConfigDict(dict(n_train=448, n_heldout=32, gen_batch=16, max_new_tokens=96,
+    c.data = ml_collections.ConfigDict(dict(n_train=256, n_heldout=32, gen_batch=16, max_new_tokens=96,
                                             max_prompt_tokens=160))
     c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, train=_train()))
     c.lm = ml_collections.ConfigDict(dict(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, mlp_dim=704,
-                                          train=_train(steps=150, lr=3e-3, feature_weight=0.0)))
+                                          train=_train(steps=100, lr=3e-3, feature_weight=0.0)))
     return c

@@ -8,7 +8,7 @@ import ml_collections
 
 def _train(**kw) -> ml_collections.ConfigDict:
     base = dict(steps=40, batch_size=8, lr=1e-2, warmup=5, weight_decay=0.0, clip=1.0, seed=0, prompt_weight=0.1,
-                feature_weight=0.1, eval_every=20, ckpt_every=20, log_every=1)
+                feature_weight=0.1, head_window=33, eval_every=20, ckpt_every=20, log_every=1)
     return ml_collections.ConfigDict({**base, **kw})
 
 

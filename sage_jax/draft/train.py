@@ -51,6 +51,7 @@ class TrainConfig:
     seed: int = 0
     prompt_weight: float = 0.1
     feature_weight: float = 0.1  # λ (EAGLE head only)
+    head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
     eval_every: int = 50
     ckpt_every: int = 50
     log_every: int = 1
@@ -104,73 +105,108 @@ def _causal(batch):
     return pos, layers.causal_mask(length, jnp.zeros((b,), jnp.int32))
 
 
-def eagle_logits_features(head_cfg: LMConfig, params, fz, batch):
-    """Teacher-forced head outputs over the batch: (logits over the subset or full vocab, f̂)."""
-    pos, mask = _causal(batch)
-    feats = batch["features"]
-    prev = eagle.shift_features(feats)
+def answer_window(batch: dict, window: int):
+    """Positions [B, W] from the last prompt token on (`window` of them, clipped to the row), their validity, and
+    the answer mask (positions whose next token is in the answer). `window` 0 = every position."""
+    b, length = batch["tokens"].shape
+    if not window:
+        idx = jnp.broadcast_to(jnp.arange(length)[None], (b, length))
+    else:
+        idx = (batch["answer_start"] - 1)[:, None] + jnp.arange(window)[None]
+    lengths = batch["lengths"][:, None]
+    valid = (idx < lengths) & (idx >= (batch["answer_start"] - 1)[:, None])
+    return jnp.clip(idx, 0, length - 1), valid, valid & (idx < lengths - 1)
+
+
+def _take(x, idx):
+    return jnp.take_along_axis(x, idx[:, :, None], axis=1)
+
+
+def _draft_head(cfg: LMConfig, fz: dict, hidden):
+    """The target's final norm + head (its subset rows with a reduced vocabulary) on draft features."""
     if "vocab_head" in fz:
-        f_hat, _ = eagle.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
-        return lm.head(head_cfg, None, fz["final_norm"], fz["vocab_head"], f_hat), f_hat
-    logits, f_hat, _ = eagle.eagle_forward(params, head_cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"),
-                                           batch["tokens"], prev, pos, mask)
-    return logits, f_hat
+        return lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], hidden)
+    return lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), hidden)
+
+
+def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
+    """f̂ [B, L, D] with the target's true features as inputs (f_{t-1}, x_t)."""
+    pos, mask = _causal(batch)
+    prev = eagle.shift_features(batch["features"])
+    f_hat, _ = eagle.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
+    return f_hat
 
 
 def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
-    logits, f_hat = eagle_logits_features(head_cfg, params, fz, batch)
+    """KL(target ‖ head) over the answer window (+ prompt positions at `prompt_weight` without a window) plus
+    λ · smooth-L1 feature regression over every valid position."""
+    f_hat = eagle_teacher_forced(head_cfg, params, fz, batch)
     feats = batch["features"]
-    t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
     w, answer = position_weights(batch, tc.prompt_weight)
-    kl = _kl(t_logits, logits)
     reg = jnp.mean(optax.huber_loss(f_hat.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), -1)
-    denom = jnp.maximum(jnp.sum(w), 1.0)
-    loss = jnp.sum(w * (kl + tc.feature_weight * reg)) / denom
+    reg_term = jnp.sum(w * reg) / jnp.maximum(jnp.sum(w), 1.0)
+    if tc.head_window:
+        idx, valid, answer = answer_window(batch, tc.head_window)
+        f_hat, feats, w_kl = _take(f_hat, idx), _take(feats, idx), valid.astype(jnp.float32)
+    else:
+        w_kl = w
+    logits = _draft_head(head_cfg, fz, f_hat)
+    t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
+    kl = _kl(t_logits, logits)
+    kl_term = jnp.sum(w_kl * kl) / jnp.maximum(jnp.sum(w_kl), 1.0)
     agree = jnp.argmax(logits, -1) == jnp.argmax(t_logits, -1)
-    n_ans = jnp.maximum(jnp.sum(answer), 1)
-    return loss, {"kl": jnp.sum(w * kl) / denom, "reg": jnp.sum(w * reg) / denom,
-                  "acc": jnp.sum(agree & answer) / n_ans}
+    acc = jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)
+    return kl_term + tc.feature_weight * reg_term, {"kl": kl_term, "reg": reg_term, "acc": acc}
 
 
-def eagle_agreement(head_cfg: LMConfig, params, fz, batch):
-    """(agreeing positions, answer positions): draft top-1 (mapped to full ids) vs the target's FULL-vocab top-1."""
-    logits, _ = eagle_logits_features(head_cfg, params, fz, batch)
-    d_top = jnp.argmax(logits, -1)
+def _agreement(cfg: LMConfig, fz, batch, hidden, window: int, draft_head):
+    idx, _, answer = answer_window(batch, window)
+    d_top = jnp.argmax(draft_head(_take(hidden, idx)), -1)
     if "vocab_ids" in fz:
         d_top = jnp.take(fz["vocab_ids"], d_top)
-    t_top = jnp.argmax(_target_logits(head_cfg, fz, batch["features"], full=True), -1)
-    _, answer = position_weights(batch, 0.0)
+    t_top = jnp.argmax(_target_logits(cfg, fz, _take(batch["features"], idx), full=True), -1)
     return jnp.sum((d_top == t_top) & answer), jnp.sum(answer)
 
 
-def lm_logits(draft_cfg: LMConfig, params, fz, batch):
+def eagle_agreement(head_cfg: LMConfig, params, fz, batch, window: int = 0):
+    """(agreeing positions, answer positions): draft top-1 (mapped to full ids) vs the target's FULL-vocab top-1."""
+    f_hat = eagle_teacher_forced(head_cfg, params, fz, batch)
+    return _agreement(head_cfg, fz, batch, f_hat, window, lambda h: _draft_head(head_cfg, fz, h))
+
+
+def _lm_hidden(draft_cfg: LMConfig, params, batch):
     pos, mask = _causal(batch)
     model = lm.serving_params(draft_cfg, params)
-    hidden, _ = model.forward(batch["tokens"], pos, mask)
+    return model, model.forward(batch["tokens"], pos, mask)[0]
+
+
+def _lm_head(draft_cfg: LMConfig, model, fz, hidden):
     if "vocab_ids" in fz:
-        sub_head = (jnp.take(params["embed"], fz["vocab_ids"], axis=0).T if model.lm_head is None
+        sub_head = (jnp.take(model.embed, fz["vocab_ids"], axis=0).T if model.lm_head is None
                     else jnp.take(model.lm_head, fz["vocab_ids"], axis=1))
         return lm.head(draft_cfg, None, model.final_norm, sub_head, hidden)
     return model.head(hidden)
 
 
 def lm_loss(draft_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
-    logits = lm_logits(draft_cfg, params, fz, batch)
-    t_logits = jax.lax.stop_gradient(_target_logits(draft_cfg, fz, batch["features"]))
-    w, answer = position_weights(batch, tc.prompt_weight)
+    model, hidden = _lm_hidden(draft_cfg, params, batch)
+    feats = batch["features"]
+    if tc.head_window:
+        idx, valid, answer = answer_window(batch, tc.head_window)
+        hidden, feats, w = _take(hidden, idx), _take(feats, idx), valid.astype(jnp.float32)
+    else:
+        w, answer = position_weights(batch, tc.prompt_weight)
+    logits = _lm_head(draft_cfg, model, fz, hidden)
+    t_logits = jax.lax.stop_gradient(_target_logits(draft_cfg, fz, feats))
     kl = _kl(t_logits, logits)
     loss = jnp.sum(w * kl) / jnp.maximum(jnp.sum(w), 1.0)
     agree = jnp.argmax(logits, -1) == jnp.argmax(t_logits, -1)
     return loss, {"kl": loss, "acc": jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)}
 
 
-def lm_agreement(draft_cfg: LMConfig, params, fz, batch):
-    d_top = jnp.argmax(lm_logits(draft_cfg, params, fz, batch), -1)
-    if "vocab_ids" in fz:
-        d_top = jnp.take(fz["vocab_ids"], d_top)
-    t_top = jnp.argmax(_target_logits(draft_cfg, fz, batch["features"], full=True), -1)
-    _, answer = position_weights(batch, 0.0)
-    return jnp.sum((d_top == t_top) & answer), jnp.sum(answer)
+def lm_agreement(draft_cfg: LMConfig, params, fz, batch, window: int = 0):
+    model, hidden = _lm_hidden(draft_cfg, params, batch)
+    return _agreement(draft_cfg, fz, batch, hidden, window, lambda h: _lm_head(draft_cfg, model, fz, h))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,12 +226,12 @@ class Task:
 
 def eagle_task(head_cfg: LMConfig, tc: TrainConfig) -> Task:
     return Task("eagle", lambda p, f, b: eagle_loss(head_cfg, tc, p, f, b),
-                lambda p, f, b: eagle_agreement(head_cfg, p, f, b))
+                lambda p, f, b: eagle_agreement(head_cfg, p, f, b, tc.head_window))
 
 
 def lm_task(draft_cfg: LMConfig, tc: TrainConfig) -> Task:
     return Task("lm", lambda p, f, b: lm_loss(draft_cfg, tc, p, f, b),
-                lambda p, f, b: lm_agreement(draft_cfg, p, f, b))
+                lambda p, f, b: lm_agreement(draft_cfg, p, f, b, tc.head_window))
 
 
 @dataclasses.dataclass

@@ -132,7 +132,7 @@ def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
     tr, he = tiny_data
     ids = top_ids([r[:n] for r, n in zip(tr["tokens"], tr["lengths"], strict=True)], 48, 128, always=(1,))
     cfg = eagle.head_config(target.cfg)
-    tc = _tc(steps=12, ckpt_every=4, eval_every=0)
+    tc = _tc(steps=12, ckpt_every=4, eval_every=0, head_window=41)
     task = train.eagle_task(cfg, tc)
     fz = train.frozen_target(target.serving(), ids)
     p0 = eagle.init_params(cfg, 0)
