@@ -323,9 +323,14 @@ def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray],
             params, opt_state, loss, metrics = step_fn(params, opt_state, fz, _put_batch(batch))
             losses[step] = float(loss)
             done = step + 1
-            if progress and (done % tc.log_every == 0 or done == stop):
-                bar.set_postfix(loss=f"{losses[step]:.4f}", acc=f"{float(metrics['acc']):.3f}",
-                                tok_s=f"{tokens_seen / (time.perf_counter() - t0):.0f}")
+            if done % tc.log_every == 0 or done == stop:
+                tok_s = tokens_seen / (time.perf_counter() - t0)
+                if progress:
+                    bar.set_postfix(loss=f"{losses[step]:.4f}", acc=f"{float(metrics['acc']):.3f}",
+                                    tok_s=f"{tok_s:.0f}")
+                elif done % (10 * tc.log_every) == 0 or done == stop:
+                    log(f"[{task.name}] step {done}/{tc.steps}: loss {losses[step]:.4f} "
+                        f"train acc {float(metrics['acc']):.3f}, {tok_s:.0f} tokens/s")
             if tc.eval_every and (done % tc.eval_every == 0 or done == tc.steps):
                 evals[done] = evaluate(task, params, fz, heldout, tc.batch_size, agree_fn=agree_fn)
                 log(f"[{task.name}] step {done}: loss {losses[step]:.4f}  held-out acceptance (teacher-forced "
