@@ -355,3 +355,37 @@ def initial_acceptance(task: Task, params, fz, heldout, batch_size: int, mesh=No
 
 def describe(x: Any) -> str:
     return f"{sum(int(np.size(v)) for v in jax.tree.leaves(x)):,} params"
+
+
+def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth: int) -> np.ndarray:
+    """Accepted lengths [B] of a greedy CHAIN of `depth` head drafts per row, started after the answer token at
+    position `starts[b]` (input (f_{t-1}, x_t) true there; then the head feeds its own f̂ and tokens), compared with
+    the target's greedy continuation (the stored answer). The bonus token is excluded (τ, not τ+1)."""
+    tokens = jnp.asarray(batch["tokens"])
+    feats = jnp.asarray(batch["features"])
+    b, length = tokens.shape
+    cap = length + depth
+    starts = jnp.asarray(starts, jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(length), (b, length))
+    slots = jnp.arange(cap)
+    mask = jnp.broadcast_to(slots[None, :] <= jnp.arange(length)[:, None], (b, length, cap))
+    cache = eagle.init_cache(head_cfg, b, cap)
+    f_hat, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, eagle.shift_features(feats), pos,
+                                        mask, cache, jnp.zeros((b,), jnp.int32))
+    f = _take(f_hat, starts[:, None])  # [B, 1, D] prediction at the start position
+    lengths = jnp.asarray(batch["lengths"])
+    alive = jnp.ones((b,), bool)
+    accepted = jnp.zeros((b,), jnp.int32)
+    for k in range(depth):
+        logits = _draft_head(head_cfg, fz, f)
+        tok = jnp.argmax(logits, -1)
+        if "vocab_ids" in fz:
+            tok = jnp.take(fz["vocab_ids"], tok)
+        p = starts + 1 + k  # the position this draft token would take
+        truth = jnp.take_along_axis(tokens, jnp.clip(p, 0, length - 1)[:, None], axis=1)
+        alive = alive & (tok[:, 0] == truth[:, 0]) & (p < lengths)
+        accepted = accepted + alive.astype(jnp.int32)
+        q = p[:, None]
+        step_mask = (slots[None, None, :] <= q[:, :, None])
+        f, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tok, f, q, step_mask, cache, p)
+    return np.asarray(accepted)
