@@ -63,8 +63,12 @@ def test_inverting_gradients_recovers_a_batch_of_4(lenet, mnist):
     x, y = data.pick(mnist, 4, seed=1)
     x = jnp.asarray(x)
     target = _target(graphdef, params, x, y)
-    rec = ig.ig(graphdef, params, target, jax.random.key(0), cfg=AttackConfig(kind="ig", iterations=2000, lr=0.1),
+    rec = ig.ig(graphdef, params, target, jax.random.key(0),
+                cfg=AttackConfig(kind="ig", iterations=2000, lr=0.1, restarts=2),
                 batch=4, num_classes=10, image_shape=(28, 28, 1))
+    # Restarts are one vmapped program: two different starts, the lower final loss is the one returned.
+    assert rec.losses.shape == (2,) and float(rec.loss) == float(jnp.min(rec.losses))
+    assert float(rec.losses[0]) != float(rec.losses[1])
     assert sorted(np.asarray(rec.labels).tolist()) == sorted(y.tolist())  # analytic batch labels
     perm = metrics.match_order(rec.images, x)
     psnr = np.asarray(metrics.psnr(rec.images[perm], x, data_range=1.0))
@@ -87,16 +91,6 @@ def test_paper_noise_at_epsilon_1_defeats_plain_dlg(lenet, mnist):
     rec = dlg.dlg(graphdef, params, noisy, jax.random.key(0), cfg=DLG_300, batch=1, num_classes=10,
                   image_shape=(28, 28, 1))
     assert float(metrics.psnr(rec.images, x)[0]) < 15.0
-
-
-def test_ig_restarts_are_vmapped_and_the_best_wins():
-    ds = data.load_digits()
-    graphdef, params = split_victim(VictimConfig(image_shape=(8, 8, 1)))
-    x = jnp.asarray(ds.images[:2])
-    rec = ig.ig(graphdef, params, _target(graphdef, params, x, ds.labels[:2]), jax.random.key(0),
-                cfg=AttackConfig(kind="ig", iterations=30, restarts=3), batch=2, num_classes=10, image_shape=(8, 8, 1))
-    assert rec.losses.shape == (3,) and float(rec.loss) == float(jnp.min(rec.losses))
-    assert len(set(np.asarray(rec.losses).tolist())) == 3  # three different starts
 
 
 @pytest.mark.slow

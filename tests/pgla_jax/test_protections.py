@@ -65,13 +65,11 @@ def test_empirical_noise_std_matches_the_formula(lenet, mnist, noise, calibratio
     silent = dataclasses.replace(plan, scale=0.0)
     clean = protections.protected_grad(graphdef, params, x, y, jax.random.key(0), cfg=cfg, noise_plan=silent)
     if calibration == "paper":
-        assert plan.clip is None
-        direct = jax.jit(fl.batch_grad, static_argnums=0)(graphdef, params, x, y)
+        assert plan.clip is None  # the released code never clips
     else:
         assert plan.scale == pytest.approx(plan.multiplier * 1.0 / 2)  # z·C on the sum, / B for the mean
-        direct = jax.jit(protections.dpsgd_grad, static_argnums=(0, 4, 5))(graphdef, params, x, y, 1.0,
-                                                                            1 if noise == "laplace" else 2)
-    np.testing.assert_allclose(_flat(clean), _flat(direct), rtol=1e-4, atol=1e-6)
+        norm = np.abs(_flat(clean)).sum() if noise == "laplace" else np.linalg.norm(_flat(clean))
+        assert norm <= 1.0 + 1e-4  # the mean of examples clipped to C = 1 has norm ≤ C
     draws = [_flat(protections.protected_grad(graphdef, params, x, y, jax.random.key(s), cfg=cfg,
                                                noise_plan=plan)) - _flat(clean) for s in range(1, 5)]
     resid = np.concatenate(draws)  # 4 × 13,426 entries
