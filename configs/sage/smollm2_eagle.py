@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.out_dtype = "bfloat16"  # shipped size: the head is ~4.3 M params -> ~9 MB
     c.data = ml_collections.ConfigDict(dict(n_train=256, n_heldout=32, gen_batch=16, max_new_tokens=96,
                                             max_prompt_tokens=160))
-    c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, train=_train()))
+    c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, chain_depth=5, train=_train()))
     c.lm = ml_collections.ConfigDict(dict(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, mlp_dim=704,
                                           train=_train(steps=100, lr=3e-3, feature_weight=0.0)))
     return c

@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.out_dtype = "float32"
     c.data = ml_collections.ConfigDict(dict(n_train=48, n_heldout=16, gen_batch=16, max_new_tokens=32,
                                             max_prompt_tokens=32))
-    c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, train=_train()))
+    c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, chain_depth=5, train=_train()))
     c.lm = ml_collections.ConfigDict(dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64,
                                           train=_train(feature_weight=0.0)))
     return c

@@ -138,7 +138,11 @@ def run(c, workdir: str, *, progress: bool = True, log=_log) -> dict:
                           log=log)
         path = eagle.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
                                vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=str(c.out_dtype))
+        tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=int(c.eagle.chain_depth),
+                                          batch_size=min(16, len(heldout["tokens"])))
+        log(f"[eagle] held-out greedy chain of {c.eagle.chain_depth}: mean accepted τ {tau:.3f} (τ+1 {tau + 1:.3f})")
         summary["eagle"] = {"path": path, "acceptance_initial": acc0, "acceptance": res.evals,
+                            f"chain{int(c.eagle.chain_depth)}_tau": tau,
                             "train_seconds": round(res.seconds, 1), "size_bytes": _size(path)}
     if "lm" in kinds:
         from sage_jax.io import save_lm

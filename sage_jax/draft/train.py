@@ -357,7 +357,7 @@ def describe(x: Any) -> str:
     return f"{sum(int(np.size(v)) for v in jax.tree.leaves(x)):,} params"
 
 
-def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth: int) -> np.ndarray:
+def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth: int):
     """Accepted lengths [B] of a greedy CHAIN of `depth` head drafts per row, started after the answer token at
     position `starts[b]` (input (f_{t-1}, x_t) true there; then the head feeds its own f̂ and tokens), compared with
     the target's greedy continuation (the stored answer). The bonus token is excluded (τ, not τ+1)."""
@@ -388,4 +388,22 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
         q = p[:, None]
         step_mask = (slots[None, None, :] <= q[:, :, None])
         f, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tok, f, q, step_mask, cache, p)
-    return np.asarray(accepted)
+    return accepted
+
+
+def mean_chain_acceptance(head_cfg: LMConfig, params, fz, heldout: dict, depth: int,
+                          offsets=(0, 8, 16, 32, 48, 64), batch_size: int = 16) -> float:
+    """Mean τ of greedy head chains of `depth` started at several answer offsets of every held-out row (a proxy of
+    the chain policy's τ; bonus token excluded)."""
+    fn = jax.jit(chain_acceptance, static_argnums=(0, 5))
+    total, count = 0.0, 0
+    n = len(heldout["tokens"])
+    for s in range(0, n - batch_size + 1, batch_size):
+        batch = {k: np.asarray(v[s: s + batch_size]) for k, v in heldout.items()}
+        for off in offsets:
+            starts = batch["answer_start"] - 1 + off
+            ok = starts + 1 < batch["lengths"]
+            acc = np.asarray(fn(head_cfg, params, fz, batch, starts, depth))
+            total += float(np.sum(acc[ok]))
+            count += int(np.sum(ok))
+    return total / max(count, 1)

@@ -125,13 +125,13 @@ def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     # Chains: depth 1 is the teacher-forced top-1 at that position; deeper chains accept at most `depth`.
     batch = {k: np.asarray(v[:8]) for k, v in he.items()}
     starts = batch["answer_start"] + 3
-    one = train.chain_acceptance(cfg, res.params, fz, batch, starts, 1)
+    one = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 1))
     f_hat = train.eagle_teacher_forced(cfg, res.params, fz, {k: jnp.asarray(v) for k, v in batch.items()})
     top = np.asarray(jnp.argmax(train._draft_head(cfg, fz, f_hat), -1))
     rows = np.arange(8)
     expect = (top[rows, starts] == batch["tokens"][rows, starts + 1]) & (starts + 1 < batch["lengths"])
     np.testing.assert_array_equal(one, expect.astype(np.int32))
-    deep = train.chain_acceptance(cfg, res.params, fz, batch, starts, 4)
+    deep = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
     assert np.all((deep >= one) & (deep <= 4)) and np.all((deep > 0) == (one > 0))
     path = eagle.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
     cfg2, p2, ids, meta = eagle.load_head(path)
