@@ -9,7 +9,7 @@ import ml_collections
 
 
 def _train(**kw) -> ml_collections.ConfigDict:
-    base = dict(steps=200, batch_size=16, lr=2e-3, warmup=20, weight_decay=0.0, clip=1.0, seed=0, prompt_weight=0.2,
+    base = dict(steps=200, batch_size=8, lr=2e-3, warmup=20, weight_decay=0.0, clip=1.0, seed=0, prompt_weight=0.2,
                 feature_weight=0.1, head_window=97, eval_every=50, ckpt_every=25, log_every=1)
     return ml_collections.ConfigDict({**base, **kw})
 
