@@ -18,7 +18,7 @@ import numpy as np
 
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import speculative as spec
-from sage_jax.decoding.drafts import Drafter, DraftSpec
+from sage_jax.decoding.drafts import DraftSpec, EagleWeights, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
 from sage_jax.models.decoder import Decoder
@@ -69,12 +69,12 @@ class Generation:
 
 
 def _prefill_spec(cfg, spec_d, target, draft, tokens, pad, temperature, max_new, key, alpha0):
-    drafter = Drafter.build(spec_d, target, draft)
+    drafter = build_drafter(spec_d, target, draft)
     return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0)
 
 
 def _decode_spec(cfg, spec_d, target, draft, state, temperature):
-    return spec.spec_decode(cfg, target, Drafter.build(spec_d, target, draft), state, temperature)
+    return spec.spec_decode(cfg, target, build_drafter(spec_d, target, draft), state, temperature)
 
 
 class Engine:
@@ -82,24 +82,29 @@ class Engine:
 
     Args:
       target: the target `Decoder`.
-      draft: a separate draft `Decoder` with the target's vocabulary, or None.
-      draft_spec: `DraftSpec(kind="model")` (default when `draft` is given) or `DraftSpec(kind="self", n_layers=k)`.
+      draft: a separate draft `Decoder` with the target's vocabulary, an EAGLE-style head (`EagleWeights`, or the
+        path of a head checkpoint), or None.
+      draft_spec: derived from `draft` by default; `DraftSpec(kind="self", n_layers=k)` for a self-draft (the
+        default without a draft: a quarter of the target's layers).
       sampling: static top-k / top-p settings.
     """
 
-    def __init__(self, target: Decoder, draft: Decoder | None = None, *, draft_spec: DraftSpec | None = None,
+    def __init__(self, target: Decoder, draft: Decoder | EagleWeights | str | None = None, *,
+                 draft_spec: DraftSpec | None = None,
                  sampling: SamplingConfig | None = None):
         self.target = target
-        self.draft = draft
-        if draft_spec is None:
-            draft_spec = DraftSpec(kind="model") if draft is not None else DraftSpec(
-                kind="self", n_layers=max(1, target.cfg.n_layers // 4))
-        self.draft_spec = draft_spec
         self.sampling = sampling or SamplingConfig()
         # Serving form once (per-layer fused weights); the decoding loops never see the NNX modules.
         self._lm_t = target.serving()
-        self._lm_d = draft.serving() if draft is not None else None
-        Drafter.build(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
+        if isinstance(draft, str):
+            draft = EagleWeights.load(draft, self._lm_t)
+        if draft_spec is None:
+            kind = "eagle" if isinstance(draft, EagleWeights) else "model"
+            draft_spec = DraftSpec(kind=kind) if draft is not None else DraftSpec(
+                kind="self", n_layers=max(1, target.cfg.n_layers // 4))
+        self.draft_spec = draft_spec
+        self._lm_d = draft.serving() if isinstance(draft, Decoder) else draft
+        build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self.compile_seconds = 0.0
 
