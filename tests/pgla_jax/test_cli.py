@@ -14,8 +14,9 @@ ROW_KEYS = {"epsilon", "noise", "calibration", "denoiser", "t_star", "grad_cosin
 
 def test_cli_json_and_figure(tmp_path, capsys):
     out = tmp_path / "run"
-    # The paper's setting on 2 digits (its DLG program is the one test_attacks already compiled).
-    argv = ["--config", "mnist_lenet", "--epsilons", "1,100", "--images", "2", "--out", str(out), "--json"]
+    # The paper's setting on 2 digits, at the iteration count whose DLG program test_attacks already compiled.
+    argv = ["--config", "mnist_lenet", "--epsilons", "1,100", "--images", "2", "--iterations", "500", "--out", str(out),
+            "--json"]
     assert attack.main(argv) == 0
     captured = capsys.readouterr()
     res = json.loads(captured.out)  # exactly one JSON object on stdout
