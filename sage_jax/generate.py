@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = _Parser(prog="python -m sage_jax.generate", description=__doc__.splitlines()[0].split(": ", 1)[1])
     arg = ap.add_argument
     arg("--target", metavar="SPEC", help="GGUF file, HF dir or sage-jax checkpoint (default: SmolLM2-135M-Instruct)")
-    arg("--draft", metavar="SPEC", help="a separate draft LM with the target's vocabulary (default: self-draft)")
+    arg("--draft", metavar="SPEC", help="a draft LM with the target's vocabulary, or an EAGLE-style head checkpoint "
+        "(default: self-draft)")
     arg("--draft-layers", type=int, metavar="N", default=10, help="layers of the target the self-draft runs")
     arg("--prompt", metavar="TEXT", default=DEFAULT_PROMPT, help="user message (chat-templated when possible)")
     arg("--image", metavar="PATH", action="append", default=[], help="image file (repeatable; VLM targets only)")
@@ -90,6 +91,16 @@ def capacity(policy: str, prompt_len: int, max_new_tokens: int) -> int:
     return speculative.SpecConfig(policy=TreePolicy.named(policy), prompt_len=p, max_new_tokens=n).capacity
 
 
+def _is_eagle_head(spec: str) -> bool:
+    from configs import checkpoint
+    from sage_jax.draft.eagle import KIND
+
+    try:
+        return checkpoint.read_metadata(spec).get("kind") == KIND
+    except checkpoint.CheckpointError:
+        return False
+
+
 def prepare(args: argparse.Namespace):
     """Loads the models and tokenizes the prompt -> (engine, prompt ids, tokenizer, eos ids); BadInput on bad input."""
     from sage_jax import chat
@@ -101,14 +112,16 @@ def prepare(args: argparse.Namespace):
     try:
         target_spec = args.target or default_target()
         cfg, target, tok = load_lm(target_spec)
-        draft = None
-        if args.draft:
+        draft = dcfg = None
+        if args.draft and _is_eagle_head(args.draft):
+            draft = args.draft  # the Engine loads an EAGLE-style head checkpoint for this target
+        elif args.draft:
             dcfg, draft, _ = load_lm(args.draft)
     except (OSError, ValueError) as e:
         raise BadInput((str(e).splitlines() or [type(e).__name__])[0]) from None
     if tok is None:
         raise BadInput(f"{target_spec} has no tokenizer")
-    if draft is not None and dcfg.vocab_size != cfg.vocab_size:
+    if dcfg is not None and dcfg.vocab_size != cfg.vocab_size:
         raise BadInput(f"draft vocabulary ({dcfg.vocab_size}) != target vocabulary ({cfg.vocab_size})")
     if draft is None and args.draft_layers > cfg.n_layers:
         raise BadInput(f"--draft-layers {args.draft_layers} > the target's {cfg.n_layers} layers")
@@ -120,8 +133,12 @@ def prepare(args: argparse.Namespace):
         if need > cfg.max_position:
             raise BadInput(f"prompt ({len(ids)} tokens) + --max-new-tokens {args.max_new_tokens} need {need} cache "
                            f"slots with policy {policy}, more than the target's context ({cfg.max_position})")
-    draft_spec = DraftSpec(kind="model") if draft is not None else DraftSpec(kind="self", n_layers=args.draft_layers)
-    engine = Engine(target, draft, draft_spec=draft_spec, sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p))
+    draft_spec = None if draft is not None else DraftSpec(kind="self", n_layers=args.draft_layers)
+    try:
+        engine = Engine(target, draft, draft_spec=draft_spec,
+                        sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p))
+    except (OSError, ValueError) as e:  # e.g. a head trained for another target
+        raise BadInput((str(e).splitlines() or [type(e).__name__])[0]) from None
     print(f"target {target_spec}, draft {args.draft or f'self ({args.draft_layers} layers)'}", file=sys.stderr)
     return engine, ids, tok, cfg.eos_token_ids
 
