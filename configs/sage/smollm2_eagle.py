@@ -1,6 +1,8 @@
 """The shipped demo draft for SmolLM2-135M-Instruct: an EAGLE head over a 8,192-token draft vocabulary (plus a
 small separate LM draft), self-distilled from the target's own greedy answers to prompts built from the Python
-stdlib sources and the Python docs. Sized for a 2-core CPU: about an hour in all (data generation is the bulk).
+stdlib sources and the Python docs. Sized for a 2-core CPU: measured 31 min in all on a shared 2-core box (data
+21 min: 224 greedy answers of 96 tokens + target features; EAGLE head 6 min; LM draft 4 min). Held-out
+teacher-forced top-1 acceptance reached: EAGLE head 0.29, LM draft 0.10 (data-limited: 15k answer tokens).
 
     python -m sage_jax.train_draft --config configs/sage/smollm2_eagle.py --workdir runs/smollm2_eagle
 """
