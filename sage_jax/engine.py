@@ -31,6 +31,16 @@ def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
     return max(minimum, 1 << max(0, int(n - 1).bit_length()))
 
 
+def run_config(policy: str | TreePolicy, prompt_len: int, max_new_tokens: int, **kw) -> ar.ARConfig:
+    """The static config of a run: lengths bucketed; a `SpecConfig` for tree policies. `kw`: sampling, eos_ids,
+    pad_id. Its `.capacity` is the cache size the run allocates (checked against the model's context)."""
+    p_len, n_out = bucket(prompt_len), bucket(max_new_tokens)
+    if policy == "ar":
+        return ar.ARConfig(prompt_len=p_len, max_new_tokens=n_out, **kw)
+    pol = policy if isinstance(policy, TreePolicy) else TreePolicy.named(policy)
+    return spec.SpecConfig(policy=pol, prompt_len=p_len, max_new_tokens=n_out, **kw)
+
+
 @dataclasses.dataclass
 class Stats:
     """Statistics of one `generate` call (see design.md's --json schema)."""
@@ -139,24 +149,23 @@ class Engine:
         if np.any(temps < 0) or not np.all(np.isfinite(temps)):
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         b = len(prompts)
-        p_len = bucket(max(len(p) for p in prompts))
-        n_out = bucket(max_new_tokens)
         cfgt = self.target.cfg
         pad_id = cfgt.pad_token_id
+        cfg = run_config(policy, max(len(p) for p in prompts), max_new_tokens, sampling=self.sampling,
+                         eos_ids=tuple(cfgt.eos_token_ids), pad_id=pad_id)
+        if cfg.capacity > cfgt.max_position:
+            raise ValueError(f"prompt + new tokens (+ tree) need {cfg.capacity} cache slots, more than the model's "
+                             f"context {cfgt.max_position}")
+        p_len = cfg.prompt_len
         tokens = np.full((b, p_len), pad_id, np.int32)
         for i, p in enumerate(prompts):
             tokens[i, p_len - len(p):] = np.asarray(p, np.int32)
         pad = np.asarray([p_len - len(p) for p in prompts], np.int32)
         max_new = np.full((b,), max_new_tokens, np.int32)
         key = jax.random.key(seed)
-        eos = tuple(cfgt.eos_token_ids)
         name = policy if isinstance(policy, str) else policy.name
 
         if name == "ar":
-            cfg = ar.ARConfig(prompt_len=p_len, max_new_tokens=n_out, sampling=self.sampling, eos_ids=eos,
-                              pad_id=pad_id)
-            if cfg.capacity > cfgt.max_position:
-                raise ValueError(f"prompt + new tokens ({cfg.capacity}) exceed the model's context {cfgt.max_position}")
             args = (tokens, pad, temps, max_new, key)
 
             def lower():
@@ -174,12 +183,7 @@ class Engine:
             t2 = time.perf_counter()
             return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=0)
 
-        pol = policy if isinstance(policy, TreePolicy) else TreePolicy.named(policy)
-        cfg = spec.SpecConfig(policy=pol, prompt_len=p_len, max_new_tokens=n_out, sampling=self.sampling,
-                              eos_ids=eos, pad_id=pad_id)
-        if cfg.capacity > cfgt.max_position:
-            raise ValueError(f"prompt + new tokens + tree ({cfg.capacity}) exceed the model's context "
-                             f"{cfgt.max_position}")
+        pol = cfg.policy
         statics = (cfg, self.draft_spec)
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
         args = (tokens, pad, temps, max_new, key, alpha0)

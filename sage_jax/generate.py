@@ -81,14 +81,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 def capacity(policy: str, prompt_len: int, max_new_tokens: int) -> int:
     """Cache slots the engine will allocate for this run (prompt and output bucketed, plus the tree's slack)."""
-    from sage_jax.decoding import autoregressive, speculative
-    from sage_jax.decoding.policies import TreePolicy
-    from sage_jax.engine import bucket
+    from sage_jax.engine import run_config
 
-    p, n = bucket(prompt_len), bucket(max_new_tokens)
-    if policy == "ar":
-        return autoregressive.ARConfig(prompt_len=p, max_new_tokens=n).capacity
-    return speculative.SpecConfig(policy=TreePolicy.named(policy), prompt_len=p, max_new_tokens=n).capacity
+    return run_config(policy, prompt_len, max_new_tokens).capacity
 
 
 def _is_eagle_head(spec: str) -> bool:
