@@ -11,12 +11,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
-# System packages: Fashion-MNIST (PGLA surrogate data) and the Python docs' reST sources (draft-training prose).
+# System packages: Fashion-MNIST (PGLA surrogate data), the Python docs' reST sources and WordNet (draft-training
+# prompts).
 if command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   need=()
   [ -d /usr/share/datasets/fashion-mnist ] || need+=(dataset-fashion-mnist)
   [ -d /usr/share/doc/python3.11/html/_sources ] || need+=(python3.11-doc)
+  [ -f /usr/share/wordnet/index.noun ] || need+=(wordnet-base)
   if [ ${#need[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

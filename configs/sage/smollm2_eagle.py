@@ -25,7 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.kinds = "eagle,lm"
     c.vocab_size = 8192
     c.out_dtype = "bfloat16"  # shipped size: the head is ~4.3 M params -> ~9 MB
-    c.data = ml_collections.ConfigDict(dict(n_train=256, n_heldout=32, gen_batch=16, max_new_tokens=96,
+    # Prompts: n_train from the Python sources/docs + n_general from WordNet (held-out: n_heldout + ...general).
+    c.data = ml_collections.ConfigDict(dict(n_train=512, n_general=512, n_heldout=32, n_heldout_general=32,
+                                            gen_batch=32, shard_rows=128, max_new_tokens=128,
                                             max_prompt_tokens=160))
     c.eagle = ml_collections.ConfigDict(dict(mlp_dim=0, chain_depth=5, train=_train()))
     c.lm = ml_collections.ConfigDict(dict(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, mlp_dim=704,

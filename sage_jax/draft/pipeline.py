@@ -53,37 +53,86 @@ def _log(msg: str) -> None:
     tqdm.write(msg)
 
 
-def make_data(c, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
+def _prompts(c, split: str, tok, vocab_size: int) -> tuple[list[list[int]], list[int]]:
+    """Encoded prompts of `split` (corpus prompts + WordNet prompts), longer ones dropped, sorted by length."""
+    from sage_jax.draft import wordnet
+
     dd = c.data
+    n_corpus = int(dd.n_train if split == "train" else dd.n_heldout)
+    n_general = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
+    pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
+    if n_general:
+        pairs += wordnet.build_prompts(n_general, split, int(c.seed))
+    ids, kinds = [], []
+    for kind, text in pairs:
+        t = ddata.encode(tok, text, vocab_size)
+        if tok is None:
+            t = t[: int(dd.max_prompt_tokens)]
+        if len(t) <= int(dd.max_prompt_tokens):
+            ids.append(t)
+            kinds.append(ddata.KINDS.index(kind))
+    if not ids:
+        raise ValueError(f"every {split} prompt is longer than max_prompt_tokens={dd.max_prompt_tokens}")
+    order = np.argsort([len(t) for t in ids], kind="stable")  # similar lengths share a batch (less padding)
+    return [ids[i] for i in order], [kinds[i] for i in order]
+
+
+def make_data(c, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
+    """The self-distillation data of both splits: the target's greedy answers with its features, generated in
+    shards of `shard_rows` (finished shards are kept, so an interrupted run resumes), then merged."""
+    from sage_jax.draft.rollout import rollout
+
+    dd = c.data
+    cfg = target.cfg
     out = {}
     lm_t = None
-    for split, n in (("train", dd.n_train), ("heldout", dd.n_heldout)):
+    for split in ("train", "heldout"):
         prefix = os.path.join(workdir, "data", split)
         if ddata.exists(prefix):
             out[split] = ddata.load(prefix)
             log(f"[data] {split}: reusing {prefix} ({len(out[split]['tokens'])} rows)")
             continue
-        prompts = ddata.build_prompts(int(n), split, int(c.seed))
-
-        total = len(prompts)
-
-        def gen_progress(k, secs, split=split, total=total):
-            log(f"[data] {split}: {k}/{total} answers generated, {secs:.0f}s")
-
-        arrays = ddata.generate(target, tok, prompts, batch=int(dd.gen_batch), max_new_tokens=int(dd.max_new_tokens),
-                                max_prompt_tokens=int(dd.max_prompt_tokens), progress=gen_progress)
-        ddata.save(prefix, arrays)  # tokens first: generation is the expensive part
         lm_t = lm_t or target.serving()
-
-        total = len(arrays["tokens"])
-
-        def feat_progress(k, secs, split=split, total=total):
-            if k % (4 * int(dd.gen_batch)) == 0 or k == total:
-                log(f"[data] {split}: features {k}/{total}, {secs:.0f}s")
-
-        arrays["features"] = ddata.compute_features(lm_t, arrays["tokens"], arrays["lengths"],
-                                                    batch=int(dd.gen_batch), progress=feat_progress)
-        ddata.save(prefix, arrays)
+        ids, kinds = _prompts(c, split, tok, cfg.vocab_size)
+        rows, batch = int(dd.get("shard_rows", 128)), int(dd.gen_batch)
+        rows = max(batch, rows // batch * batch)
+        max_prompt, max_new = int(dd.max_prompt_tokens), int(dd.max_new_tokens)
+        length = max_prompt + max_new
+        shards = []
+        t0 = time.perf_counter()
+        for k, s in enumerate(range(0, len(ids), rows)):
+            shard = os.path.join(workdir, "data", f"{split}.shard{k:03d}")
+            if not ddata.exists(shard):
+                chunk = ids[s: s + rows]
+                bucket = min(max_prompt, -(-max(len(t) for t in chunk) // 32) * 32)
+                arrays = rollout(lm_t, chunk, batch=batch, max_new_tokens=max_new, prompt_len=bucket,
+                                 eos_ids=cfg.eos_token_ids, pad_id=cfg.pad_token_id)
+                arrays["kind"] = np.asarray(kinds[s: s + rows], np.int32)
+                ddata.save(shard, arrays)
+            shards.append(shard)
+            done = min(s + rows, len(ids))
+            log(f"[data] {split}: {done}/{len(ids)} answers with features, {time.perf_counter() - t0:.0f}s")
+        merged = {"tokens": np.full((len(ids), length), cfg.pad_token_id, np.int32)}
+        merged["features"] = np.lib.format.open_memmap(prefix + ".features.tmp.npy", mode="w+", dtype=np.float32,
+                                                      shape=(len(ids), length, cfg.d_model))
+        for key in ("lengths", "answer_start", "kind"):
+            merged[key] = np.zeros((len(ids),), np.int32)
+        r = 0
+        for shard in shards:
+            part = ddata.load(shard)
+            n, w = part["tokens"].shape
+            merged["tokens"][r: r + n, :w] = part["tokens"]
+            merged["features"][r: r + n, :w] = part["features"]
+            merged["features"][r: r + n, w:] = 0.0
+            for key in ("lengths", "answer_start", "kind"):
+                merged[key][r: r + n] = part[key]
+            r += n
+        merged["features"].flush()
+        os.replace(prefix + ".features.tmp.npy", prefix + ".features.npy")
+        ddata.save(prefix, {k: v for k, v in merged.items() if k != "features"})
+        for shard in shards:
+            for suffix in (".npz", ".features.npy"):
+                os.remove(shard + suffix)
         out[split] = ddata.load(prefix)
     return out["train"], out["heldout"]
 

@@ -52,6 +52,8 @@ class TrainConfig:
     prompt_weight: float = 0.1
     feature_weight: float = 0.1  # λ (EAGLE head only)
     head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
+    unroll: int = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
+    unroll_decay: float = 0.8  # weight of level k is unroll_decay**k
     eval_every: int = 50
     ckpt_every: int = 50
     log_every: int = 1
@@ -137,19 +139,55 @@ def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
     return f_hat
 
 
-def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
-    """KL(target ‖ head) over the answer window (+ prompt positions at `prompt_weight` without a window) plus
-    λ · smooth-L1 feature regression over every valid position."""
-    f_hat = eagle_teacher_forced(head_cfg, params, fz, batch)
+def unroll_mask(length: int, level: int, batch: int):
+    """[B, L, (level+1)·L] visibility of level `level` of training-time test over the stacked level caches.
+
+    Level k's query at position t is depth k+1 of a draft chain that started after the true position t0 = t - k:
+    it sees the true (level-0) slots j <= t0 and, of each level m in 1..k, the one slot of its own chain, t0 + m
+    (slot m·L + t0 + m; m = k is itself). Exactly what the head sees when it drafts k+1 tokens ahead."""
+    t = jnp.arange(length)[:, None]
+    j = jnp.arange((level + 1) * length)[None, :]
+    m, r = j // length, j % length
+    t0 = t - level
+    vis = ((m == 0) & (r <= t0)) | ((m >= 1) & (r == t0 + m))
+    return jnp.broadcast_to(vis, (batch, length, (level + 1) * length))
+
+
+def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int):
+    """[f̂ of level 0, ..., levels-1], each [B, L, D]: level 0 is teacher forcing; level k feeds level k-1's
+    predictions back as input features (training-time test, as in HASS / EAGLE-3), so the head learns to draft
+    from its own features the way it does at depth > 1. Level k's rows t < k have no chain (zero weight)."""
+    if levels == 1:
+        return [eagle_teacher_forced(head_cfg, params, fz, batch)]
+    tokens = batch["tokens"]
+    b, length = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(length), (b, length))
+    cache = eagle.init_cache(head_cfg, b, levels * length)
+    prev = eagle.shift_features(batch["features"])
+    out = []
+    for k in range(levels):
+        mask = jnp.pad(unroll_mask(length, k, b), ((0, 0), (0, 0), (0, (levels - 1 - k) * length)))
+        f_hat, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask, cache,
+                                            jnp.full((b,), k * length, jnp.int32))
+        out.append(f_hat)
+        prev = eagle.shift_features(f_hat)
+    return out
+
+
+def _eagle_level_loss(head_cfg: LMConfig, tc: TrainConfig, fz, batch, f_hat, level: int):
     feats = batch["features"]
     w, answer = position_weights(batch, tc.prompt_weight)
+    has_chain = (jnp.arange(feats.shape[1]) >= level)[None]
+    w = w * has_chain
     reg = jnp.mean(optax.huber_loss(f_hat.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), -1)
     reg_term = jnp.sum(w * reg) / jnp.maximum(jnp.sum(w), 1.0)
     if tc.head_window:
         idx, valid, answer = answer_window(batch, tc.head_window)
+        valid = valid & (idx >= level)
+        answer = answer & valid
         f_hat, feats, w_kl = _take(f_hat, idx), _take(feats, idx), valid.astype(jnp.float32)
     else:
-        w_kl = w
+        w_kl, answer = w, answer & has_chain
     logits = _draft_head(head_cfg, fz, f_hat)
     t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
     kl = _kl(t_logits, logits)
@@ -157,6 +195,19 @@ def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
     agree = jnp.argmax(logits, -1) == jnp.argmax(t_logits, -1)
     acc = jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)
     return kl_term + tc.feature_weight * reg_term, {"kl": kl_term, "reg": reg_term, "acc": acc}
+
+
+def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
+    """Σ_k decay^k · [KL(target ‖ head) over the answer window (+ prompt positions at `prompt_weight` without a
+    window) + λ · smooth-L1 feature regression over every valid position] over the `unroll` levels, normalised
+    by Σ_k decay^k. Metrics are level 0's, plus `acc_last` (the deepest level's agreement)."""
+    total, norm, metrics = 0.0, 0.0, {}
+    for k, f_hat in enumerate(eagle_unrolled(head_cfg, params, fz, batch, tc.unroll)):
+        loss_k, m_k = _eagle_level_loss(head_cfg, tc, fz, batch, f_hat, k)
+        total, norm = total + tc.unroll_decay ** k * loss_k, norm + tc.unroll_decay ** k
+        metrics = metrics or dict(m_k)
+        metrics["acc_last"] = m_k["acc"]
+    return total / norm, metrics
 
 
 def _agreement(cfg: LMConfig, fz, batch, hidden, window: int, draft_head):

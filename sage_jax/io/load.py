@@ -71,6 +71,16 @@ def default_target() -> str:
     return path
 
 
+# The EAGLE-style head trained for the default target by `configs/sage/smollm2_eagle.py` (issue 4), shipped in the
+# package so that `python -m sage_jax.generate` speculates out of the box.
+DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
+
+
+def default_draft() -> str | None:
+    """Path of the shipped draft for the default target, or None when this checkout does not have it."""
+    return DEFAULT_DRAFT if os.path.isfile(os.path.join(DEFAULT_DRAFT, "metadata.json")) else None
+
+
 def detect(spec: str | os.PathLike) -> str:
     """'gguf', 'hf' or 'checkpoint'; FileNotFoundError / ValueError (one line) otherwise."""
     path = os.fspath(spec)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sage_jax.draft import data, eagle, train
+from sage_jax.draft import data, eagle, rollout, train, wordnet
 from sage_jax.draft.eval_prompts import EVAL_PROMPTS
 from sage_jax.draft.vocab import DraftVocab, top_ids
 from sage_jax.models import layers
@@ -79,6 +79,66 @@ def test_eagle_forward_cache_matches_no_cache(target):
         got_f.append(fo)
     np.testing.assert_allclose(np.concatenate(got_l, 1), full_logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(got_f, 1), full_f, rtol=1e-5, atol=1e-5)
+
+
+def test_rollout_matches_ar_decoding_and_teacher_forced_features(target, tiny_data):
+    """One-pass generation (answers + features of the tokens it fed) == Engine AR + a teacher-forced forward."""
+    tr, _ = tiny_data
+    rows = [list(tr["tokens"][i, : tr["answer_start"][i]]) for i in range(4)]
+    rows[1] = rows[1][5:]  # a shorter prompt: left padding inside the batch
+    got = rollout.rollout(target.serving(), rows, batch=4, max_new_tokens=40, prompt_len=24, eos_ids=(),
+                          pad_id=target.cfg.pad_token_id)
+    for i in (0, 2, 3):
+        n = int(tr["lengths"][i])
+        np.testing.assert_array_equal(got["tokens"][i, :n], tr["tokens"][i, :n])
+        np.testing.assert_allclose(got["features"][i, :n], tr["features"][i, :n], rtol=1e-4, atol=1e-4)
+    n = int(got["lengths"][1])
+    assert got["answer_start"][1] == 19 and n == 19 + 40
+    lm_t = target.serving()
+    mask = layers.causal_mask(n, jnp.zeros((1,), jnp.int32))
+    hidden, _ = lm_t.forward(jnp.asarray(got["tokens"][1:2, :n]), jnp.arange(n)[None], mask)
+    np.testing.assert_allclose(got["features"][1, :n], np.asarray(hidden[0]), rtol=1e-4, atol=1e-4)
+    assert np.all(got["features"][1, n:] == 0)
+
+
+def test_training_time_test_levels_equal_real_chain_drafting(target):
+    """Level k of `eagle_unrolled` at position t == drafting k+1 tokens ahead from the true context up to t-k,
+    feeding the head's own features back through its KV cache (what the engine does)."""
+    cfg = eagle.head_config(target.cfg)
+    hp = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle.init_params(cfg, 2))
+    fz = train.frozen_target(target.serving())
+    b, length, levels = 2, 10, 3
+    rng = np.random.default_rng(3)
+    batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, length)), jnp.int32),
+             "features": jnp.asarray(rng.normal(size=(b, length, cfg.d_model)), jnp.float32)}
+    levels_out = train.eagle_unrolled(cfg, hp, fz, batch, levels)
+    np.testing.assert_allclose(levels_out[0], train.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
+    prev = eagle.shift_features(batch["features"])
+    slots = jnp.arange(length + levels)
+    for t0 in (0, 3, 6):
+        cache = eagle.init_cache(cfg, b, length + levels)
+        q = jnp.arange(t0 + 1)
+        mask = jnp.broadcast_to(slots[None, :] <= q[:, None], (b, t0 + 1, length + levels))
+        f, cache = eagle.eagle_features(hp, cfg, fz["embed"], batch["tokens"][:, : t0 + 1], prev[:, : t0 + 1],
+                                        jnp.broadcast_to(q, (b, t0 + 1)), mask, cache, jnp.zeros((b,), jnp.int32))
+        f = f[:, -1:]
+        for k in range(1, levels):
+            p = t0 + k
+            step_mask = jnp.broadcast_to(slots[None, None, :] <= p, (b, 1, length + levels))
+            f, cache = eagle.eagle_features(hp, cfg, fz["embed"], batch["tokens"][:, p: p + 1], f,
+                                            jnp.full((b, 1), p), step_mask, cache, jnp.full((b,), p, jnp.int32))
+            np.testing.assert_allclose(f[:, 0], levels_out[k][:, p], rtol=1e-4, atol=1e-4)
+
+
+def test_wordnet_prompts_split_and_avoid_benchmark_topics():
+    if not wordnet.available():
+        pytest.skip("wordnet-base not installed")
+    tr, he = wordnet.entries("train"), wordnet.entries("heldout")
+    assert len(tr) > 1000 and len(he) > 100 and not {e[0] for e in tr} & {e[0] for e in he}
+    texts = [t for _, t in wordnet.build_prompts(400, "train")]
+    assert len(set(texts)) > 350
+    for _, text in EVAL_PROMPTS:
+        assert not any(text in t or t in text for t in texts)
 
 
 def test_reduced_vocab_maps_ids_back(target):
