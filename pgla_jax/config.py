@@ -83,3 +83,74 @@ class ExperimentConfig:
 
     def replace(self, **kw) -> ExperimentConfig:
         return dataclasses.replace(self, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Part 2: the gradient diffusion denoiser.
+# ---------------------------------------------------------------------------------------------------------------
+
+Layout = Literal["image2d", "vector1d", "per_layer"]
+SamplerKind = Literal["ddpm", "ddim", "oneshot", "nonadaptive", "conditional", "released"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UNetConfig:
+    """The paper's lucidrains-style U-Net (dim 120, mults (1, 2, 4), 4 GroupNorm groups); `dims=1` is the 1-D
+    variant over a flat gradient vector. Narrower than the paper on CPU (`width`)."""
+
+    width: int = 16  # the paper's `dim` (120)
+    mults: tuple[int, ...] = (1, 2, 4)  # channel multiplier per level; len(mults) − 1 downsamplings
+    groups: int = 4  # GroupNorm groups (`resnet_block_groups`)
+    heads: int = 4
+    head_dim: int = 8  # the paper: 4 heads × 32
+    dims: Literal[1, 2] = 2  # 2: gradient image [H, W, 1]; 1: gradient vector [L, 1]
+    cond_channels: int = 0  # conditional variant: the noisy gradient as extra input channel(s)
+
+    @property
+    def multiple(self) -> int:
+        """Each spatial side must be a multiple of this (one 2× space-to-depth per downsampling)."""
+        return 2 ** (len(self.mults) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionConfig:
+    """DDPM as in the paper: T = 1000, linear β from 1e-4 to 0.02, ε-prediction, Huber loss."""
+
+    timesteps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientDataConfig:
+    """Clean training gradients: a surrogate LeNet trained on the attacker's own Fashion-MNIST, batch-1 gradients
+    of random images taken along its SGD trajectory (the released `utils/dataset.py` uses SGD, lr 1e-3)."""
+
+    victim: VictimConfig = VictimConfig()  # the surrogate has the victim's architecture and global weights
+    data: DataConfig = DataConfig(name="fashion_mnist", split="train")
+    steps: int = 250  # surrogate SGD steps
+    per_step: int = 16  # batch-1 gradients recorded at each step (of that step's batch)
+    lr: float = 1e-3
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DenoiserConfig:
+    """Everything `python -m pgla_jax.train_denoiser` needs; stored in the checkpoint's metadata.json."""
+
+    unet: UNetConfig = UNetConfig()
+    diffusion: DiffusionConfig = DiffusionConfig()
+    gradients: GradientDataConfig = GradientDataConfig()
+    layout: Layout = "image2d"
+    side: int | None = None  # image2d: the square's side (None: the smallest that fits and divides); 116 for LeNet
+    batch_size: int = 8
+    steps: int = 2000
+    lr: float = 2e-4
+    # t sampling: with probability `focus_prob` t is uniform on [0, focus_t), else uniform on [0, T). A legitimate
+    # importance weighting of the ε-loss over t (every t is still trained): the paper's noise maps to t* ≤ 24.
+    focus_t: int = 64
+    focus_prob: float = 0.8
+    cond_dropout: float = 0.5  # conditional models: fraction of examples trained without the condition
+    cond_max_std: float = 0.3  # conditional pairs: noise std log-uniform on [1e-4, this]
+    checkpoint_every: int = 250
+    seed: int = 0
