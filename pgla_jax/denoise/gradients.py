@@ -1,0 +1,102 @@
+"""The denoiser's training data: clean batch-1 gradients of a surrogate model along its own training trajectory.
+
+The attacker (an honest-but-curious server) knows the global weights it sends to clients, so the surrogate starts
+from them (the victim's architecture and init) and is trained by SGD on the attacker's own data (Fashion-MNIST in
+the paper). At every step the batch-1 gradients of that step's images are recorded, then the weights take one step
+on the batch mean. Each gradient is one array_record record (raw float32 bytes of the flat vector, in the codec's
+fixed leaf order); `source` reads them back as a grain `MapDataset` with random access.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Float
+
+from pgla_jax import data, fl
+from pgla_jax.config import GradientDataConfig
+from pgla_jax.models import split_victim
+
+RECORDS = "gradients.array_record"
+META = "gradients.json"
+
+
+def _flat(tree) -> jax.Array:
+    return jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(tree)])
+
+
+def build(cfg: GradientDataConfig, out_dir: str, progress=None) -> str:
+    """Writes `cfg.steps × cfg.per_step` gradients to `out_dir/gradients.array_record`; returns the path.
+
+    Skips the work when the folder already holds a data set built from the same config.
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    os.makedirs(out_dir, exist_ok=True)
+    path, meta_path = os.path.join(out_dir, RECORDS), os.path.join(out_dir, META)
+    from configs.checkpoint import config_to_json
+
+    want = config_to_json(cfg)
+    if os.path.isfile(meta_path) and os.path.isfile(path):
+        with open(meta_path) as f:
+            if json.load(f).get("config") == want:
+                return path
+    ds = data.load(cfg.data)
+    graphdef, params = split_victim(cfg.victim)
+    k = cfg.victim.num_classes
+
+    @jax.jit
+    def step(params, x, y):
+        y1 = fl.one_hot(y, k)
+        per = fl.per_example_grads(graphdef, params, x, y1)
+        flat = jax.vmap(_flat)(per)
+        mean = jax.tree.map(lambda g: g.mean(axis=0), per)
+        return jax.tree.map(lambda p, g: p - cfg.lr * g, params, mean), flat
+
+    rng = np.random.default_rng(cfg.seed)
+    writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
+    count, size = 0, None
+    for _ in range(cfg.steps):
+        idx = rng.choice(len(ds.labels), cfg.per_step, replace=False)
+        params, flat = step(params, jnp.asarray(ds.images[idx]), jnp.asarray(ds.labels[idx]))
+        for v in np.asarray(flat, np.float32):
+            writer.write(v.tobytes())
+            count, size = count + 1, v.size
+        progress and progress(1)
+    writer.close()
+    os.replace(path + ".tmp", path)
+    with open(meta_path, "w") as f:
+        json.dump({"config": want, "count": count, "size": size, "dtype": "float32"}, f)
+    return path
+
+
+def source(out_dir: str) -> tuple[grain.MapDataset, int]:
+    """(grain MapDataset of flat float32 gradient vectors, vector length)."""
+    with open(os.path.join(out_dir, META)) as f:
+        meta = json.load(f)
+    src = grain.sources.ArrayRecordDataSource(os.path.join(out_dir, RECORDS))
+    return grain.MapDataset.source(src).map(lambda b: np.frombuffer(b, np.float32)), int(meta["size"])
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int) -> np.ndarray:
+    """Indices of training batch `step`: epochs of a per-epoch seeded permutation, so a resumed run sees exactly
+    the batches an uninterrupted one would."""
+    start = step * batch
+    out = []
+    while len(out) < batch:
+        epoch, pos = divmod(start + len(out), n)
+        perm = np.random.default_rng((seed, epoch)).permutation(n)
+        out.extend(perm[pos : pos + batch - len(out)])
+    return np.asarray(out)
+
+
+def unflatten_like(flat: Float[np.ndarray, " P"], like):
+    """A flat vector in leaf order → a pytree shaped like `like`."""
+    leaves, tree = jax.tree.flatten(like)
+    sizes = np.cumsum([0] + [int(np.size(x)) for x in leaves])
+    return jax.tree.unflatten(tree, [flat[a:b].reshape(np.shape(x)) for a, b, x in zip(sizes[:-1], sizes[1:], leaves)])

@@ -1,0 +1,127 @@
+"""Training the gradient diffusion model: ε-prediction with the Huber loss on clean surrogate gradients.
+
+One jitted step (data-parallel: the batch is sharded over the mesh's `batch` axes, parameters replicated), optax
+Adam with warm-up + cosine decay and gradient clipping, an EMA of the weights (what is saved as the denoiser), and a
+resumable training state written every `checkpoint_every` steps. Every random draw of step s comes from
+`fold_in(key(seed), s)` and batch s from a seeded per-epoch permutation, so a resumed run is the same run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from configs import sharding
+from pgla_jax.config import DenoiserConfig
+from pgla_jax.denoise import ddpm, gradients, store
+from pgla_jax.denoise.unet import UNet
+
+STATE_KIND = "pgla-denoiser-state"
+EMA_DECAY = 0.99
+
+
+def optimizer(cfg: DenoiserConfig) -> optax.GradientTransformation:
+    sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, min(50, cfg.steps // 10 + 1), cfg.steps, cfg.lr * 0.1)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(sched))
+
+
+def loss_fn(graphdef, params, x0, mask, key, cfg: DenoiserConfig, sched: ddpm.Schedule):
+    """Huber(ε̂(x_t, t[, c]), ε) on the real entries; conditional models see c = √n·(x_0 + σz) (σ log-uniform),
+    zeroed for a `cond_dropout` fraction of the batch (those examples train the unconditional model)."""
+    b = x0.shape[0]
+    kt, ke, ks, kz, kd = jax.random.split(key, 5)
+    t = ddpm.sample_t(kt, b, sched.timesteps, cfg.focus_t, cfg.focus_prob)
+    eps = jax.random.normal(ke, x0.shape)
+    x_t = ddpm.q_sample(sched, x0, t, eps)
+    cond = None
+    if cfg.unet.cond_channels:
+        shape = (b,) + (1,) * (x0.ndim - 1)
+        sigma = jnp.exp(jax.random.uniform(ks, shape, minval=jnp.log(1e-4), maxval=jnp.log(cfg.cond_max_std)))
+        cond = jnp.sqrt(ddpm.signal_fraction(sigma)) * (x0 + sigma * jax.random.normal(kz, x0.shape))
+        cond = jnp.where(jax.random.uniform(kd, shape) < cfg.cond_dropout, 0.0, cond)
+    eps_hat = nnx.merge(graphdef, params)(x_t, t, cond)
+    return ddpm.huber_loss(eps_hat, eps, mask)
+
+
+def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callable | None = None,
+          mesh=None, log: Callable | None = None) -> str:
+    """Trains (or resumes) in `workdir`; returns the path of the final denoiser checkpoint `workdir/denoiser`."""
+    codec = store.make_codec(cfg)
+    src, size = gradients.source(data_dir)
+    if size != codec.size:
+        raise ValueError(f"data set gradients have {size} entries, the config's victim {codec.size}")
+    sched = ddpm.linear_schedule(cfg.diffusion)
+    mesh = sharding.make_mesh(data=-1) if mesh is None else mesh
+    if cfg.batch_size % mesh.shape["data"]:
+        raise ValueError(f"batch size {cfg.batch_size} is not a multiple of the {mesh.shape['data']} data shards")
+    model = UNet(cfg.unet, rngs=nnx.Rngs(cfg.seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    opt = optimizer(cfg)
+    opt_state, ema, step0 = opt.init(params), params, 0
+
+    state_dir = os.path.join(workdir, "state")
+    if os.path.isdir(state_dir):
+        tree, saved_cfg, _ = store.load(state_dir, STATE_KIND)
+        if saved_cfg != cfg:
+            raise ValueError(f"{state_dir} was written with another config; use a new --workdir")
+        params, ema = _restored(graphdef, params, tree["params"]), _restored(graphdef, params, tree["ema"])
+        leaves, treedef = jax.tree.flatten(opt_state)
+        opt_state = jax.tree.unflatten(treedef, [jnp.asarray(tree["opt"][f"{i:05d}"]) for i in range(len(leaves))])
+        step0 = int(tree["step"])
+
+    mask = codec.mask()
+
+    @jax.jit
+    def step_fn(params, opt_state, ema, x0, step):
+        key = jax.random.fold_in(jax.random.key(cfg.seed), step)
+        loss, g = jax.value_and_grad(lambda p: loss_fn(graphdef, p, x0, mask, key, cfg, sched))(params)
+        updates, opt_state = opt.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        ema = jax.tree.map(lambda e, p: EMA_DECAY * e + (1 - EMA_DECAY) * p, ema, params)
+        return params, opt_state, ema, loss
+
+    def save_state(step):
+        leaves = jax.tree.leaves(opt_state)
+        tree = {"params": store.to_pure(params), "ema": store.to_pure(ema), "step": np.asarray(step, np.int64),
+                "opt": {f"{i:05d}": leaf for i, leaf in enumerate(leaves)}}
+        store.save(state_dir, tree, cfg, kind=STATE_KIND, overwrite=True)
+
+    n = len(src)
+    encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
+    with sharding.use(mesh, "train"):
+        repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        params, opt_state, ema = jax.device_put((params, opt_state, ema), repl)
+        for step in range(step0, cfg.steps):
+            idx = gradients.batch_indices(step, cfg.batch_size, n, cfg.seed)
+            x0 = encode(jnp.asarray(np.stack([src[int(i)] for i in idx])))
+            x0 = jax.device_put(x0, sharding.named_sharding(("batch",) + (None,) * (x0.ndim - 1), x0.shape))
+            params, opt_state, ema, loss = step_fn(params, opt_state, ema, x0, step)
+            progress and progress(float(loss))
+            if log and (step % 50 == 0 or step == cfg.steps - 1):
+                log(f"step {step} loss {float(loss):.5f}")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                save_state(step + 1)
+    out = os.path.join(workdir, "denoiser")
+    store.save(out, store.to_pure(ema), cfg, overwrite=True,
+               provenance={"steps": cfg.steps, "ema_decay": EMA_DECAY, "data": os.path.abspath(data_dir)})
+    return out
+
+
+def _restored(graphdef, like, tree):
+    module = nnx.merge(graphdef, like)
+    store.load_pure(module, tree)
+    return nnx.state(module, nnx.Param)
+
+
+def restore_unet(path: str) -> tuple[UNet, DenoiserConfig]:
+    """The EMA U-Net of a denoiser checkpoint and its config."""
+    tree, cfg, _ = store.load(path)
+    model = UNet(cfg.unet, rngs=nnx.Rngs(0))
+    store.load_pure(model, tree)
+    return model, cfg
