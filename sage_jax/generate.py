@@ -5,7 +5,9 @@
         [--seed S] [--attention {xla,pallas}] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
-and the default draft its own first N layers. `--json` prints exactly one JSON object on stdout (design.md).
+and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`, trained by
+`configs/sage/smollm2_eagle.py`); other targets default to a self-draft of their first 10 layers.
+`--json` prints exactly one JSON object on stdout (design.md).
 Bad input: one line `error: ...` on stderr and exit code 2.
 """
 
@@ -20,6 +22,7 @@ import sys
 from sage_jax.decoding.policies import POLICIES
 
 DEFAULT_PROMPT = "What is speculative decoding? Explain it in two sentences."
+SELF_DRAFT_LAYERS = 10
 
 
 class BadInput(Exception):
@@ -36,8 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg = ap.add_argument
     arg("--target", metavar="SPEC", help="GGUF file, HF dir or sage-jax checkpoint (default: SmolLM2-135M-Instruct)")
     arg("--draft", metavar="SPEC", help="a draft LM with the target's vocabulary, or an EAGLE-style head checkpoint "
-        "(default: self-draft)")
-    arg("--draft-layers", type=int, metavar="N", default=10, help="layers of the target the self-draft runs")
+        "(default: the shipped head for the default target, else a self-draft)")
+    arg("--draft-layers", type=int, metavar="N", help=f"self-draft: run the target's first N layers as the draft "
+        f"(default {SELF_DRAFT_LAYERS} when there is no other draft)")
     arg("--prompt", metavar="TEXT", default=DEFAULT_PROMPT, help="user message (chat-templated when possible)")
     arg("--image", metavar="PATH", action="append", default=[], help="image file (repeatable; VLM targets only)")
     arg("--policy", choices=("ar", *POLICIES), default="sage")
@@ -62,7 +66,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise BadInput(f"--top-k must be >= 0, got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise BadInput(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.draft is None and args.draft_layers < 1:
+    if args.draft is not None and args.draft_layers is not None:
+        raise BadInput("give either --draft or --draft-layers, not both")
+    if args.draft_layers is not None and args.draft_layers < 1:
         raise BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
     if args.attention == "pallas":
         raise BadInput("the Pallas tree-attention kernel is not available yet (xla only)")
@@ -103,11 +109,16 @@ def prepare(args: argparse.Namespace):
     from sage_jax.decoding.sampling import SamplingConfig
     from sage_jax.engine import Engine
     from sage_jax.io import default_target, load_lm
+    from sage_jax.io.load import default_draft
 
     try:
         target_spec = args.target or default_target()
         cfg, target, tok = load_lm(target_spec)
         draft = dcfg = None
+        if args.draft is None and args.draft_layers is None:
+            args.draft = default_draft() if args.target is None else None
+            if args.draft is None:
+                args.draft_layers = SELF_DRAFT_LAYERS
         if args.draft and _is_eagle_head(args.draft):
             draft = args.draft  # the Engine loads an EAGLE-style head checkpoint for this target
         elif args.draft:

@@ -139,74 +139,98 @@ def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
     return f_hat
 
 
-def unroll_mask(length: int, level: int, batch: int):
-    """[B, L, (level+1)·L] visibility of level `level` of training-time test over the stacked level caches.
+def unroll_mask(length: int, idx, level: int, window: int):
+    """[B, W, L + level·W] visibility of level `level` (>= 1) of training-time test over the stacked caches: the
+    level-0 slots [0, L) (one per position) and, per level m in 1..level, W slots (one per window entry).
 
-    Level k's query at position t is depth k+1 of a draft chain that started after the true position t0 = t - k:
-    it sees the true (level-0) slots j <= t0 and, of each level m in 1..k, the one slot of its own chain, t0 + m
-    (slot m·L + t0 + m; m = k is itself). Exactly what the head sees when it drafts k+1 tokens ahead."""
-    t = jnp.arange(length)[:, None]
-    j = jnp.arange((level + 1) * length)[None, :]
-    m, r = j // length, j % length
-    t0 = t - level
-    vis = ((m == 0) & (r <= t0)) | ((m >= 1) & (r == t0 + m))
-    return jnp.broadcast_to(vis, (batch, length, (level + 1) * length))
+    Level k's query at window entry w (position t = idx[w]) is depth k+1 of a draft chain that started after the
+    true position t0 = t - k: it sees the true slots j <= t0 and, of each level m in 1..k, the one slot of its own
+    chain, window entry w - k + m (position t0 + m; m = k is itself). Exactly what the head sees when it drafts
+    k+1 tokens ahead."""
+    b = idx.shape[0]
+    w = jnp.arange(window)
+    true_vis = jnp.arange(length)[None, None, :] <= (idx - level)[:, :, None]
+    m = jnp.arange(1, level + 1)
+    own = (w[:, None, None] - level + m[None, :, None]) == w[None, None, :]  # [W, k, W]
+    chain_vis = jnp.broadcast_to(own.reshape(window, level * window)[None], (b, window, level * window))
+    return jnp.concatenate([true_vis, chain_vis], axis=-1)
 
 
-def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int):
-    """[f̂ of level 0, ..., levels-1], each [B, L, D]: level 0 is teacher forcing; level k feeds level k-1's
-    predictions back as input features (training-time test, as in HASS / EAGLE-3), so the head learns to draft
-    from its own features the way it does at depth > 1. Level k's rows t < k have no chain (zero weight)."""
-    if levels == 1:
-        return [eagle_teacher_forced(head_cfg, params, fz, batch)]
+def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: int):
+    """(f̂ of level 0 [B, L, D], [f̂ of levels 1..levels-1, each [B, W, D]], window positions idx [B, W] or None).
+
+    Level 0 is teacher forcing over every position; level k >= 1 feeds level k-1's predictions back as input
+    features (training-time test, as in HASS / EAGLE-3), so the head learns to draft from its own features the
+    way it does at depth > 1. Levels >= 1 run only on the answer window (`answer_window`), where the loss is; at
+    a window entry w < k - 1 the chain would start before the window (zero weight in the loss)."""
     tokens = batch["tokens"]
     b, length = tokens.shape
-    pos = jnp.broadcast_to(jnp.arange(length), (b, length))
-    cache = eagle.init_cache(head_cfg, b, levels * length)
+    pos, mask = _causal(batch)
     prev = eagle.shift_features(batch["features"])
+    if levels == 1:
+        f0, _ = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask)
+        return f0, [], None
+    idx, _, _ = answer_window(batch, window)
+    w = idx.shape[1]
+    cap = length + (levels - 1) * w
+    cache = eagle.init_cache(head_cfg, b, cap)
+    f0, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos,
+                                     jnp.pad(mask, ((0, 0), (0, 0), (0, cap - length))), cache,
+                                     jnp.zeros((b,), jnp.int32))
+    toks_w = jnp.take_along_axis(tokens, idx, axis=1)
+    feed = _take(f0, jnp.maximum(idx - 1, 0))  # level 1's input at t: level 0's prediction at t - 1
     out = []
-    for k in range(levels):
-        mask = jnp.pad(unroll_mask(length, k, b), ((0, 0), (0, 0), (0, (levels - 1 - k) * length)))
-        f_hat, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask, cache,
-                                            jnp.full((b,), k * length, jnp.int32))
-        out.append(f_hat)
-        prev = eagle.shift_features(f_hat)
-    return out
+    for k in range(1, levels):
+        vis = unroll_mask(length, idx, k, w)
+        vis = jnp.pad(vis, ((0, 0), (0, 0), (0, cap - vis.shape[-1])))
+        f_k, cache = eagle.eagle_features(params, head_cfg, fz["embed"], toks_w, feed, idx, vis, cache,
+                                          jnp.full((b,), length + (k - 1) * w, jnp.int32))
+        out.append(f_k)
+        feed = eagle.shift_features(f_k)  # level k+1's input at entry w: level k's prediction at entry w - 1
+    return f0, out, idx
 
 
-def _eagle_level_loss(head_cfg: LMConfig, tc: TrainConfig, fz, batch, f_hat, level: int):
-    feats = batch["features"]
-    w, answer = position_weights(batch, tc.prompt_weight)
-    has_chain = (jnp.arange(feats.shape[1]) >= level)[None]
-    w = w * has_chain
-    reg = jnp.mean(optax.huber_loss(f_hat.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), -1)
-    reg_term = jnp.sum(w * reg) / jnp.maximum(jnp.sum(w), 1.0)
-    if tc.head_window:
-        idx, valid, answer = answer_window(batch, tc.head_window)
-        valid = valid & (idx >= level)
-        answer = answer & valid
-        f_hat, feats, w_kl = _take(f_hat, idx), _take(feats, idx), valid.astype(jnp.float32)
-    else:
-        w_kl, answer = w, answer & has_chain
+def _kl_terms(head_cfg: LMConfig, fz, f_hat, feats, w_kl, answer):
     logits = _draft_head(head_cfg, fz, f_hat)
     t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
     kl = _kl(t_logits, logits)
     kl_term = jnp.sum(w_kl * kl) / jnp.maximum(jnp.sum(w_kl), 1.0)
     agree = jnp.argmax(logits, -1) == jnp.argmax(t_logits, -1)
-    acc = jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)
-    return kl_term + tc.feature_weight * reg_term, {"kl": kl_term, "reg": reg_term, "acc": acc}
+    return kl_term, jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)
+
+
+def _reg(f_hat, feats, w):
+    reg = jnp.mean(optax.huber_loss(f_hat.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), -1)
+    return jnp.sum(w * reg) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
-    """Σ_k decay^k · [KL(target ‖ head) over the answer window (+ prompt positions at `prompt_weight` without a
-    window) + λ · smooth-L1 feature regression over every valid position] over the `unroll` levels, normalised
-    by Σ_k decay^k. Metrics are level 0's, plus `acc_last` (the deepest level's agreement)."""
-    total, norm, metrics = 0.0, 0.0, {}
-    for k, f_hat in enumerate(eagle_unrolled(head_cfg, params, fz, batch, tc.unroll)):
-        loss_k, m_k = _eagle_level_loss(head_cfg, tc, fz, batch, f_hat, k)
-        total, norm = total + tc.unroll_decay ** k * loss_k, norm + tc.unroll_decay ** k
-        metrics = metrics or dict(m_k)
-        metrics["acc_last"] = m_k["acc"]
+    """Level 0: KL(target ‖ head) over the answer window (+ prompt positions at `prompt_weight` without a window)
+    plus λ · smooth-L1 feature regression over every valid position. Levels k >= 1 (`unroll`): the same KL + λ·reg
+    over the answer window, weighted unroll_decay**k; the sum is normalised by Σ_k decay^k. Metrics: level 0's
+    kl / reg / acc, and `acc_last`, the deepest level's agreement."""
+    feats = batch["features"]
+    window = tc.head_window or feats.shape[1]
+    f0, deeper, idx = eagle_unrolled(head_cfg, params, fz, batch, tc.unroll, window)
+    w, answer = position_weights(batch, tc.prompt_weight)
+    reg0 = _reg(f0, feats, w)
+    if tc.head_window:
+        idx0, valid, answer = answer_window(batch, tc.head_window)
+        f_kl, feats_kl, w_kl = _take(f0, idx0), _take(feats, idx0), valid.astype(jnp.float32)
+    else:
+        f_kl, feats_kl, w_kl = f0, feats, w
+    kl0, acc0 = _kl_terms(head_cfg, fz, f_kl, feats_kl, w_kl, answer)
+    total, norm = kl0 + tc.feature_weight * reg0, 1.0
+    metrics = {"kl": kl0, "reg": reg0, "acc": acc0, "acc_last": acc0}
+    if deeper:
+        _, valid, answer = answer_window(batch, window)
+        feats_w = _take(feats, idx)
+        for k, f_k in enumerate(deeper, start=1):
+            ok = valid & (jnp.arange(idx.shape[1]) >= k - 1)[None] & (idx >= k)  # the chain is in the window
+            kl_k, acc_k = _kl_terms(head_cfg, fz, f_k, feats_w, ok.astype(jnp.float32), answer & ok)
+            loss_k = kl_k + tc.feature_weight * _reg(f_k, feats_w, ok.astype(jnp.float32))
+            total, norm = total + tc.unroll_decay ** k * loss_k, norm + tc.unroll_decay ** k
+            metrics["acc_last"] = acc_k
     return total / norm, metrics
 
 

@@ -110,9 +110,11 @@ def test_training_time_test_levels_equal_real_chain_drafting(target):
     b, length, levels = 2, 10, 3
     rng = np.random.default_rng(3)
     batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, length)), jnp.int32),
-             "features": jnp.asarray(rng.normal(size=(b, length, cfg.d_model)), jnp.float32)}
-    levels_out = train.eagle_unrolled(cfg, hp, fz, batch, levels)
-    np.testing.assert_allclose(levels_out[0], train.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
+             "features": jnp.asarray(rng.normal(size=(b, length, cfg.d_model)), jnp.float32),
+             "lengths": jnp.full((b,), length, jnp.int32), "answer_start": jnp.full((b,), 2, jnp.int32)}
+    f0, deeper, idx = train.eagle_unrolled(cfg, hp, fz, batch, levels, window=length - 1)
+    np.testing.assert_array_equal(idx, np.broadcast_to(np.arange(1, length), (b, length - 1)))
+    np.testing.assert_allclose(f0, train.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
     prev = eagle.shift_features(batch["features"])
     slots = jnp.arange(length + levels)
     for t0 in (0, 3, 6):
@@ -127,7 +129,7 @@ def test_training_time_test_levels_equal_real_chain_drafting(target):
             step_mask = jnp.broadcast_to(slots[None, None, :] <= p, (b, 1, length + levels))
             f, cache = eagle.eagle_features(hp, cfg, fz["embed"], batch["tokens"][:, p: p + 1], f,
                                             jnp.full((b, 1), p), step_mask, cache, jnp.full((b,), p, jnp.int32))
-            np.testing.assert_allclose(f[:, 0], levels_out[k][:, p], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(f[:, 0], deeper[k - 1][:, p - 1], rtol=1e-4, atol=1e-4)  # entry p-1 = p
 
 
 def test_wordnet_prompts_split_and_avoid_benchmark_topics():
