@@ -60,6 +60,11 @@ class Stats:
     depth_trace: list[int] = dataclasses.field(default_factory=list)
     nodes_trace: list[int] = dataclasses.field(default_factory=list)
     tau_trace: list[int] = dataclasses.field(default_factory=list)
+    width_trace: list[int] = dataclasses.field(default_factory=list)
+    draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
+    verify_width: int = 0  # summed widths of the target's verify forwards
+    accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted nodes per priority rank
+    budget: tuple[int, int] | None = None  # (node budget, depth cap) the run used
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,9 +83,10 @@ class Generation:
     stats: Stats
 
 
-def _prefill_spec(cfg, spec_d, target, draft, tokens, pad, temperature, max_new, key, alpha0):
+def _prefill_spec(cfg, spec_d, target, draft, tokens, pad, temperature, max_new, key, alpha0, n_budget, d_budget):
     drafter = build_drafter(spec_d, target, draft)
-    return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0)
+    return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0, n_budget,
+                             d_budget)
 
 
 def _decode_spec(cfg, spec_d, target, draft, state, temperature):
@@ -135,11 +141,13 @@ class Engine:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, policy: str | TreePolicy = "sage",
                  max_new_tokens: int = 128, temperature: float | Sequence[float] = 0.0, seed: int = 0,
-                 alpha_init: float | None = None) -> Generation:
+                 alpha_init: float | None = None, budget: tuple[int, int] | None = None) -> Generation:
         """Generates for a batch of tokenized prompts (left-padded internally).
 
         `policy`: "ar", a policy name or a `TreePolicy`. `alpha_init`: SAGE's confidence for the first tree
-        (default: the policy's `alpha_init`).
+        (default: the policy's `alpha_init`). `budget`: (node budget, depth cap) at most the policy's static
+        (n_max, d_cap), e.g. from `budget.BudgetChooser`; arrays in the compiled loop, so any value reuses the
+        compilation (default: the static sizes).
         """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -186,7 +194,10 @@ class Engine:
         pol = cfg.policy
         statics = (cfg, self.draft_spec)
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
-        args = (tokens, pad, temps, max_new, key, alpha0)
+        n_b, d_b = (pol.n_max, pol.d_cap) if budget is None else budget
+        if not (1 <= n_b <= pol.n_max and 1 <= d_b <= pol.d_cap):
+            raise ValueError(f"budget {budget} outside [1, {pol.n_max}] x [1, {pol.d_cap}]")
+        args = (tokens, pad, temps, max_new, key, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32))
 
         def lower():
             pre = jax.jit(_prefill_spec, static_argnums=(0, 1)).lower(*statics, self._lm_t, self._lm_d, *args).compile()
@@ -201,7 +212,12 @@ class Engine:
         t1 = time.perf_counter()
         state = jax.block_until_ready(dec(self._lm_t, self._lm_d, state, temps))
         t2 = time.perf_counter()
-        return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=int(state.draft_forwards))
+        gen = self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=int(state.draft_forwards))
+        gen.stats.draft_width, gen.stats.verify_width = int(state.draft_width), int(state.verify_width)
+        gen.stats.accepted_at = np.asarray(state.accepted_at).tolist()
+        gen.stats.width_trace = np.asarray(state.width_trace)[: gen.stats.steps].tolist()
+        gen.stats.budget = (int(n_b), int(d_b))
+        return gen
 
     def _result(self, state, name, t_pre, t_dec, t_compile, *, draft_forwards) -> Generation:
         out, n_gen = np.asarray(state.out), np.asarray(state.n_gen)

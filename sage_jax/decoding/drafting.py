@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies
+from sage_jax.decoding import policies, widths
 from sage_jax.decoding import tree as tree_lib
 from sage_jax.decoding.drafts import Drafter
 from sage_jax.models.kv_cache import KVCache
@@ -62,23 +62,25 @@ class Pool:
 
 @flax.struct.dataclass
 class _Frontier:
-    idx: Int[Array, "B F"]  # pool slots of the nodes to expand
+    idx: Int[Array, "B F"]  # pool slots of the nodes to expand (valid ones packed at the front)
     valid: Bool[Array, "B F"]
-    logq: Float[Array, "B F V"]  # their draft log-probabilities
+    top_logq: Float[Array, "B F k"]  # their draft's top-k log-probabilities
+    top_ids: Int[Array, "B F k"]  # and tokens
 
 
-def _expand(policy: policies.TreePolicy, level, shape: policies.StepShape, pool: Pool, fr: _Frontier
-            ) -> tuple[Pool, Int[Array, "B F"], Bool[Array, "B F"], Int[Array, "B F"]]:
-    """Admits one level of children. Returns the pool and the new frontier's (slots, validity, tokens)."""
+def _expand(policy: policies.TreePolicy, level, shape: policies.StepShape, pool: Pool, fr: _Frontier,
+            budget: Int[Array, " B"]) -> tuple[Pool, Int[Array, "B F"], Bool[Array, "B F"], Int[Array, "B F"]]:
+    """Admits one level of children (the pool never exceeds 1 + `budget` slots). Returns the pool and the new
+    frontier's (slots, validity, tokens)."""
     b, f = fr.idx.shape
     k, kc, size = policy.top_k, policy.per_level, pool.tokens.shape[1]
-    logq, ids = jax.lax.top_k(fr.logq, k)  # [B,F,k]
+    logq, ids = fr.top_logq, fr.top_ids  # [B,F,k]
     par_cum = jnp.take_along_axis(pool.logp, fr.idx, 1)
     par_local = jnp.take_along_axis(pool.local_p, fr.idx, 1)
     allowed, prio = policies.admission(policy, level, shape, fr.valid, par_local, par_cum, logq)
     score = jnp.where(allowed, prio, -jnp.inf).reshape(b, f * k)
     top, cand = jax.lax.top_k(score, kc)  # [B,Kc], best first
-    room = size - pool.count
+    room = jnp.minimum(size, 1 + budget) - pool.count
     j = jnp.arange(kc)[None, :]
     admit = jnp.isfinite(top) & (j < room[:, None])
     n_admit = jnp.sum(admit, axis=1).astype(jnp.int32)
@@ -114,24 +116,32 @@ def build_tree(
     shape: policies.StepShape,
     length: Int[Array, " B"],
     pad: Int[Array, " B"],
-) -> tuple[tree_lib.Tree, Pool, KVCache, Int[Array, ""]]:
+    budget: Int[Array, " B"] | None = None,
+    bucket_ratio: int = 4,
+) -> tuple[tree_lib.Tree, Pool, KVCache, Int[Array, ""], Int[Array, ""]]:
     """Drafts one tree. `length`: the committed prefix (the root's slot); the root's own draft distribution is
-    `root_logq`. Returns the verified-tree view, the pool (for α statistics), the cache and the number of draft
-    forwards spent on levels >= 2."""
+    `root_logq`; `budget` [B]: node cap (<= n_max; default n_max). Each level's draft forward runs at the
+    smallest of the widths 1, r, r², ..., F holding its frontier (r = `bucket_ratio`; < 2: always F).
+    Returns the verified-tree view (valid nodes packed at the front), the pool (for α statistics), the cache,
+    the number of draft forwards spent on levels >= 2 and the total width they ran at."""
     b = root.shape[0]
-    f, capacity = policy.frontier, cache.capacity
+    f, k, capacity = policy.frontier, policy.top_k, cache.capacity
+    budget = jnp.full((b,), policy.n_max, jnp.int32) if budget is None else jnp.clip(budget, 0, policy.n_max)
     pool = Pool.start(root, root_alpha, root_feature, policy.pool_size)
+    top_v, top_i = jax.lax.top_k(root_logq, k)
     first = _Frontier(idx=jnp.zeros((b, f), jnp.int32), valid=(jnp.arange(f) == 0)[None].repeat(b, 0),
-                      logq=jnp.zeros((b, f) + root_logq.shape[-1:], root_logq.dtype).at[:, 0].set(root_logq))
-    pool, f_idx, f_valid, f_tok = _expand(policy, jnp.int32(1), shape, pool, first)
+                      top_logq=jnp.zeros((b, f, k), top_v.dtype).at[:, 0].set(top_v),
+                      top_ids=jnp.zeros((b, f, k), jnp.int32).at[:, 0].set(top_i))
+    pool, f_idx, f_valid, f_tok = _expand(policy, jnp.int32(1), shape, pool, first, budget)
     max_depth = jnp.minimum(jnp.max(shape.depth), policy.d_cap)
+    sizes = widths.sizes(f, 1, bucket_ratio)
 
     def cond(carry):
-        level, _, _, f_valid, _, _, _ = carry
+        level, _, _, f_valid, _, _, _, _ = carry
         return (level <= max_depth) & jnp.any(f_valid)
 
     def body(carry):
-        level, pool, f_idx, f_valid, f_tok, cache, n_fwd = carry
+        level, pool, f_idx, f_valid, f_tok, cache, n_fwd, n_width = carry
         # The frontier holds depth (level-1) nodes: give them draft slots, then score them in one forward.
         base = 1 + (level - 2) * f
         dslot = jax.vmap(lambda d, s, v: d.at[s].set(v, mode="drop"))(
@@ -144,21 +154,32 @@ def build_tree(
         positions = (length - pad)[:, None] + (level - 1) + jnp.zeros((b, f), jnp.int32)
         parents = jnp.maximum(jnp.take_along_axis(pool.parent, f_idx, 1), 0)
         feat_in = jnp.take_along_axis(pool.feature, parents[:, :, None], 1)
-        logq, feat_out, cache = drafter(f_tok, feat_in, positions, mask, cache, length + base)
-        alpha = policies.confidence(logq, policy.top_k)
+        n_front = jnp.max(jnp.sum(f_valid, 1))
+
+        def at_width(w):
+            def run():
+                logq, feat_out, c = drafter(f_tok[:, :w], feat_in[:, :w], positions[:, :w], mask[:, :w], cache,
+                                            length + base)
+                tv, ti = jax.lax.top_k(logq, k)
+                alpha = policies.confidence_topk(tv)
+                pad_f = lambda a: jnp.pad(a, ((0, 0), (0, f - w)) + ((0, 0),) * (a.ndim - 2))  # noqa: E731
+                return pad_f(tv), pad_f(ti), pad_f(alpha), pad_f(feat_out), c, jnp.int32(w)
+            return run
+
+        tv, ti, alpha, feat_out, cache, w_run = widths.switch(n_front, sizes, at_width)
         store = jnp.where(f_valid, f_idx, pool.alpha.shape[1])  # out of range = dropped
         pool = pool.replace(
             alpha=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(pool.alpha, store, alpha),
             feature=jax.vmap(lambda a, s, v: a.at[s].set(v, mode="drop"))(pool.feature, store, feat_out))
-        pool, f_idx, f_valid, f_tok = _expand(policy, level, shape, pool, _Frontier(f_idx, f_valid, logq))
-        return level + 1, pool, f_idx, f_valid, f_tok, cache, n_fwd + 1
+        pool, f_idx, f_valid, f_tok = _expand(policy, level, shape, pool, _Frontier(f_idx, f_valid, tv, ti), budget)
+        return level + 1, pool, f_idx, f_valid, f_tok, cache, n_fwd + 1, n_width + w_run
 
-    carry = (jnp.int32(2), pool, f_idx, f_valid, f_tok, cache, jnp.int32(0))
-    _, pool, _, _, _, cache, n_fwd = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(2), pool, f_idx, f_valid, f_tok, cache, jnp.int32(0), jnp.int32(0))
+    _, pool, _, _, _, cache, n_fwd, n_width = jax.lax.while_loop(cond, body, carry)
     if policy.pool_size == policy.n_max + 1:
         t = tree_lib.Tree(tokens=pool.tokens, parent=jnp.where(pool.valid, pool.parent, -1), depth=pool.depth,
                           logp=pool.logp, valid=pool.valid, ancestors=pool.ancestors)
     else:
         t = tree_lib.select_nodes(pool.tokens, pool.parent, pool.depth, pool.logp, pool.valid, pool.ancestors,
-                                  policy.n_max)
-    return t, pool, cache, n_fwd
+                                  policy.n_max, budget)
+    return t, pool, cache, n_fwd, n_width

@@ -146,23 +146,33 @@ class StepShape:
 
 def confidence(logq: Float[Array, "... V"], k: int) -> Float[Array, "..."]:
     """α = 1 − H(top-k renormalised) / log k  (sage.md Eqs. 7–9)."""
-    top = jnp.exp(jax.lax.top_k(logq, k)[0])
+    return confidence_topk(jax.lax.top_k(logq, k)[0])
+
+
+def confidence_topk(top_logq: Float[Array, "... k"]) -> Float[Array, "..."]:
+    """`confidence` from the k largest log-probabilities (already selected)."""
+    k = top_logq.shape[-1]
+    top = jnp.exp(top_logq)
     p = top / jnp.sum(top, axis=-1, keepdims=True)
     h = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.maximum(p, 1e-30)), 0.0), axis=-1)
     return jnp.clip(1.0 - h / math.log(k), 0.0, 1.0)
 
 
-def step_shape(policy: TreePolicy, alpha: Float[Array, " B"], d_max: Int[Array, " B"]) -> StepShape:
-    """D(α) and W(α) (Eqs. 10–11) with the clamps of sage.md §1.5(2); fixed shapes for the other policies."""
+def step_shape(policy: TreePolicy, alpha: Float[Array, " B"], d_max: Int[Array, " B"],
+               d_budget: Int[Array, " B"] | None = None) -> StepShape:
+    """D(α) and W(α) (Eqs. 10–11) with the clamps of sage.md §1.5(2); fixed shapes for the other policies.
+    `d_budget` (the hardware-aware depth cap, <= d_cap) bounds the depth of every policy."""
     b = alpha.shape[0]
+    cap = jnp.full((b,), policy.d_cap, jnp.int32) if d_budget is None else jnp.clip(d_budget, 1, policy.d_cap)
     if policy.name != "sage":
         depth = max(len(c) for c in policy.template) if policy.template else policy.d_cap
-        return StepShape(depth=jnp.full((b,), depth, jnp.int32), width=jnp.full((b,), policy.top_k, jnp.int32))
+        return StepShape(depth=jnp.minimum(jnp.full((b,), depth, jnp.int32), cap),
+                         width=jnp.full((b,), policy.top_k, jnp.int32))
     a_d = alpha if policy.adapt_depth else jnp.full_like(alpha, 0.5)
     a_w = alpha if policy.adapt_width else jnp.full_like(alpha, 0.5)
     depth = jnp.round(policy.d_min + a_d * (d_max - policy.d_min)).astype(jnp.int32)
     width = jnp.floor(policy.w_min + (1.0 - a_w) * (policy.w_max - policy.w_min)).astype(jnp.int32)
-    return StepShape(depth=jnp.clip(depth, 1, policy.d_cap), width=jnp.clip(width, 1, policy.top_k))
+    return StepShape(depth=jnp.clip(depth, 1, cap), width=jnp.clip(width, 1, policy.top_k))
 
 
 def admission(

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies, sampling, verify
+from sage_jax.decoding import policies, sampling, verify, widths
 from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
 from sage_jax.decoding.drafting import build_tree
 from sage_jax.decoding.drafts import Drafter
@@ -26,9 +26,15 @@ from sage_jax.models.lm import LM
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpecConfig(ARConfig):
-    """Static config of a speculative run: the autoregressive one plus the tree policy."""
+    """Static config of a speculative run: the autoregressive one plus the tree policy.
+
+    Attributes: policy; bucket_ratio: run the draft catch-up, each draft level and the target's verify forward
+    at the smallest of the widths 1, r, r², ..., capacity that holds the step's real tokens (`widths.switch`;
+    still one compile, but each width is a compiled copy of the forward); < 2 turns bucketing off.
+    """
 
     policy: policies.TreePolicy
+    bucket_ratio: int = 4
 
     @property
     def capacity(self) -> int:
@@ -54,9 +60,14 @@ class SpecState:
       t_cache, d_cache: target and draft KV caches.  key: PRNG key.
       alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
       hist: [B, window] recent τ, `hist_n` [B] how many were recorded.
+      n_budget, d_budget: [B] the hardware-aware node budget (<= n_max) and depth cap (<= d_cap).
       steps: loop iterations.  sum_tau, n_steps: [B] accepted tokens (bonus excluded) and active steps per row.
-      draft_forwards: draft forwards spent (batched).  alpha_trace, depth_trace, nodes_trace, tau_trace:
-        [max_steps] per-step values of row 0.
+      draft_forwards: draft forwards spent (batched).  draft_width, verify_width: summed static widths those
+        forwards and the target's verify forwards ran at (with bucketing, what the step really paid for).
+      accepted_at: [n_max + 1] how often a node of each priority rank (1 = admitted first) was accepted, over
+        active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
+      alpha_trace, depth_trace, nodes_trace, width_trace, tau_trace: [max_steps] per-step values of row 0
+        (width: the widest level).
     """
 
     out: Int[Array, "B N"]
@@ -77,20 +88,28 @@ class SpecState:
     d_max: Int[Array, " B"]
     hist: Float[Array, "B H"]
     hist_n: Int[Array, " B"]
+    n_budget: Int[Array, " B"]
+    d_budget: Int[Array, " B"]
     steps: Int[Array, ""]
     sum_tau: Int[Array, " B"]
     n_steps: Int[Array, " B"]
     draft_forwards: Int[Array, ""]
+    draft_width: Int[Array, ""]
+    verify_width: Int[Array, ""]
+    accepted_at: Int[Array, " R"]
     alpha_trace: Float[Array, " M"]
     depth_trace: Int[Array, " M"]
     nodes_trace: Int[Array, " M"]
+    width_trace: Int[Array, " M"]
     tau_trace: Int[Array, " M"]
 
 
 def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, temperature, max_new, key,
-                 alpha0: Float[Array, " B"]) -> SpecState:
+                 alpha0: Float[Array, " B"], n_budget: Int[Array, " B"] | None = None,
+                 d_budget: Int[Array, " B"] | None = None) -> SpecState:
     """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
-    confidence that shapes the first tree (a per-request value, so it is an array)."""
+    confidence that shapes the first tree; `n_budget` / `d_budget`: node budget and depth cap (default: the
+    policy's static n_max / d_cap). All per-request values, so arrays."""
     b, p = tokens.shape
     pol = cfg.policy
     t_cache = target.init_cache(b, cfg.capacity)
@@ -103,6 +122,8 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, tem
     feat = feat.at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
     out = jnp.full((b, cfg.max_new_tokens + pol.d_cap + 1), cfg.pad_id, jnp.int32).at[:, 0].set(first)
     m = cfg.max_steps
+    n_budget = jnp.full((b,), pol.n_max, jnp.int32) if n_budget is None else n_budget
+    d_budget = jnp.full((b,), pol.d_cap, jnp.int32) if d_budget is None else d_budget
     return SpecState(
         out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
         max_new=max_new, length=jnp.full((b,), p, jnp.int32), pad=pad, root=first,
@@ -111,25 +132,14 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, tem
         length_d=jnp.full((b,), p, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
         alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
         hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
+        n_budget=jnp.clip(n_budget, 1, pol.n_max).astype(jnp.int32),
+        d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
-        draft_forwards=jnp.int32(1), alpha_trace=jnp.full((m,), jnp.nan, jnp.float32),
+        draft_forwards=jnp.int32(1), draft_width=jnp.int32(p), verify_width=jnp.int32(0),
+        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), alpha_trace=jnp.full((m,), jnp.nan, jnp.float32),
         depth_trace=jnp.zeros((m,), jnp.int32), nodes_trace=jnp.zeros((m,), jnp.int32),
-        tau_trace=jnp.zeros((m,), jnp.int32),
+        width_trace=jnp.zeros((m,), jnp.int32), tau_trace=jnp.zeros((m,), jnp.int32),
     )
-
-
-def _accept(cfg: SpecConfig, key, tree, logits, temperature):
-    """Greedy acceptance for T = 0 rows, exact rejection sampling for T > 0 rows (computed only if any)."""
-    d = cfg.policy.d_cap
-    greedy = verify.accept_greedy(tree, logits, d)
-
-    def sampled(_):
-        logp = sampling.processed_logprobs(logits, temperature, cfg.sampling)
-        s = verify.accept_sampled(key, tree, logp, d)
-        pick = temperature > 0
-        return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(s, greedy))
-
-    return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
 
 
 def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature) -> SpecState:
@@ -141,23 +151,58 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     # ******** Draft: catch up on the pending tokens; the last one is the root. ********
     cu_slots = s.length_d[:, None] + jnp.arange(dc + 1, dtype=jnp.int32)[None]
     cu_mask = causal_visibility(cu_slots, s.pad, capacity)
-    logq, feat, d_cache = drafter(s.pending, s.pending_feat, cu_slots - s.pad[:, None], cu_mask, s.d_cache,
-                                  s.length_d)
     last = (s.n_pending - 1)[:, None, None]
-    root_logq = jnp.take_along_axis(logq, last, 1)[:, 0]
-    root_feat = jnp.take_along_axis(feat, last, 1)[:, 0]
+
+    def catch_up(w):
+        def run():
+            logq, feat, c = drafter(s.pending[:, :w], s.pending_feat[:, :w], (cu_slots - s.pad[:, None])[:, :w],
+                                    cu_mask[:, :w], s.d_cache, s.length_d)
+            root_logq = jnp.take_along_axis(logq, jnp.minimum(last, w - 1), 1)[:, 0]
+            root_feat = jnp.take_along_axis(feat, jnp.minimum(last, w - 1), 1)[:, 0]
+            return root_logq, root_feat, c, jnp.int32(w)
+        return run
+
+    cu_sizes = widths.sizes(dc + 1, 1, cfg.bucket_ratio)
+    root_logq, root_feat, d_cache, cu_width = widths.switch(jnp.max(s.n_pending), cu_sizes, catch_up)
     alpha_now = policies.confidence(root_logq, pol.top_k)
     alpha_use = alpha_now if pol.alpha_source == "fresh_root" else s.alpha
-    shape = policies.step_shape(pol, alpha_use, s.d_max)
-    tree, pool, d_cache, n_levels = build_tree(pol, drafter, d_cache, s.root, root_logq, alpha_now, root_feat,
-                                               shape, s.length, s.pad)
+    shape = policies.step_shape(pol, alpha_use, s.d_max, s.d_budget)
+    tree, pool, d_cache, n_levels, level_width = build_tree(
+        pol, drafter, d_cache, s.root, root_logq, alpha_now, root_feat, shape, s.length, s.pad,
+        budget=s.n_budget, bucket_ratio=cfg.bucket_ratio)
 
-    # ******** Verify: one target forward over root + tree. ********
-    positions = (s.length - s.pad)[:, None] + tree.depth
-    mask = tree.attention_mask(s.length, s.pad, capacity)
-    hidden, t_cache = target.forward(tree.tokens, positions, mask, s.t_cache, s.length)
+    # ******** Verify: one target forward over root + tree (at the smallest width holding its nodes). ********
     key, sub = jax.random.split(s.key)
-    path, tau, bonus = _accept(cfg, sub, tree, target.head(hidden), temperature)
+    n_tree = jnp.max(jnp.sum(tree.valid, 1))  # root included
+    v_sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
+
+    def verify_at(w):
+        def run():
+            t = tree.prefix(w)
+            positions = (s.length - s.pad)[:, None] + t.depth
+            hidden, c = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
+                                       s.t_cache, s.length)
+            best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
+            grow = lambda a: jnp.pad(a, ((0, 0), (0, tree.size - w)) + ((0, 0),) * (a.ndim - 2))  # noqa: E731
+            return grow(hidden), grow(best), c, jnp.int32(w)
+        return run
+
+    hidden, best, t_cache, v_width = widths.switch(n_tree, v_sizes, verify_at)
+    greedy = verify.accept_greedy_best(tree, best, dc)
+
+    def sampled(_):  # T > 0 rows: the target's processed log-probs at the verified width, -inf padded
+        def head_at(w):
+            def run():
+                logp = sampling.processed_logprobs(target.head(hidden[:, :w]), temperature, cfg.sampling)
+                return jnp.pad(logp, ((0, 0), (0, tree.size - w), (0, 0)), constant_values=-jnp.inf)
+            return run
+
+        s_ = verify.accept_sampled(sub, tree, widths.switch(n_tree, v_sizes, head_at), dc)
+        pick = temperature > 0
+        return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(s_, greedy))
+
+    path, tau, bonus = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
+    path_feat = jnp.take_along_axis(hidden, path[:, :, None], 1)[..., : drafter.feature_dim]
 
     # ******** Commit: accepted path + bonus, cut at EOS and at the row's token limit. ********
     i = jnp.arange(dc + 1, dtype=jnp.int32)[None]
@@ -191,19 +236,32 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
         return jnp.where(active.reshape((-1,) + (1,) * (old_v.ndim - 1)), new_v, old_v)
 
     n_nodes = jnp.sum(tree.valid[0]) - 1
+    level_sizes = jnp.sum(tree.valid[0][None, :] & (tree.depth[0][None, :] == jnp.arange(1, dc + 1)[:, None]), 1)
+    # Priority rank of the accepted nodes: pool order for level-built trees, cumulative log-prob for EAGLE-2.
+    if pol.name == "eagle2":
+        score = jnp.where(tree.valid, tree.logp, -jnp.inf)
+        rank = jnp.sum((score[:, None, :] > score[:, :, None]) | (
+            (score[:, None, :] == score[:, :, None]) & (jnp.arange(tree.size)[None, None, :] <
+                                                        jnp.arange(tree.size)[None, :, None])), 2)
+    else:
+        rank = jnp.broadcast_to(jnp.arange(tree.size), tree.valid.shape)
+    on_path = (i >= 1) & (i <= tau[:, None]) & active[:, None]
+    path_rank = jnp.where(on_path, jnp.take_along_axis(rank, path, 1), pol.n_max + 1)
+    accepted_at = s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop")
     return s.replace(
         out=out, n_gen=n_gen, done=done, t_cache=t_cache, d_cache=d_cache, key=key,
         length=keep(s.length + 1 + tau, s.length), root=keep(bonus, s.root),
         pending=keep(jnp.where(i <= tau[:, None], new, 0), s.pending), n_pending=keep(tau + 1, s.n_pending),
-        pending_feat=keep(jnp.take_along_axis(hidden, path[:, :, None], 1)[..., : drafter.feature_dim],
-                          s.pending_feat),
+        pending_feat=keep(path_feat, s.pending_feat),
         length_d=keep(s.length + 1, s.length_d),
         alpha=keep(alpha_next, s.alpha), d_max=keep(d_max, s.d_max), hist=keep(hist, s.hist),
         hist_n=keep(hist_n, s.hist_n), steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, tau, 0),
         n_steps=s.n_steps + active, draft_forwards=s.draft_forwards + 1 + n_levels,
-        alpha_trace=s.alpha_trace.at[s.steps].set(alpha_use[0]),
-        depth_trace=s.depth_trace.at[s.steps].set(jnp.max(tree.depth[0])),
-        nodes_trace=s.nodes_trace.at[s.steps].set(n_nodes), tau_trace=s.tau_trace.at[s.steps].set(tau[0]),
+        draft_width=s.draft_width + cu_width + level_width, verify_width=s.verify_width + v_width,
+        accepted_at=accepted_at, alpha_trace=s.alpha_trace.at[s.steps].set(alpha_use[0]),
+        depth_trace=s.depth_trace.at[s.steps].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
+        nodes_trace=s.nodes_trace.at[s.steps].set(n_nodes), width_trace=s.width_trace.at[s.steps].set(
+            jnp.max(level_sizes)), tau_trace=s.tau_trace.at[s.steps].set(tau[0]),
     )
 
 

@@ -50,6 +50,14 @@ class Tree:
     def size(self) -> int:
         return self.tokens.shape[1]
 
+    def prefix(self, w: int) -> Tree:
+        """The first `w` slots. Valid nodes are packed at the front and parents precede children, so a prefix
+        holding every valid node is the same tree at a smaller static width."""
+        if w == self.size:
+            return self
+        return Tree(tokens=self.tokens[:, :w], parent=self.parent[:, :w], depth=self.depth[:, :w],
+                    logp=self.logp[:, :w], valid=self.valid[:, :w], ancestors=self.ancestors[:, :w, :w])
+
     def attention_mask(self, start: Int[Array, " B"], pad: Int[Array, " B"], capacity: int) -> Bool[Array, "B W S"]:
         """Visibility of cache slots for the tree's queries when node i sits at slot start + i: the committed
         prefix [pad, start) plus the node's own ancestors (and itself)."""
@@ -95,8 +103,10 @@ def template_tables(choices: tuple[tuple[int, ...], ...], frontier: int, top_k: 
     return allowed, priority
 
 
-def select_nodes(tokens, parent, depth, logp, valid, ancestors, n_keep: int) -> Tree:
-    """Keeps the root and the `n_keep` valid nodes of highest cumulative log-prob, re-indexed in pool order.
+def select_nodes(tokens, parent, depth, logp, valid, ancestors, n_keep: int,
+                 budget: Int[Array, " B"] | None = None) -> Tree:
+    """Keeps the root and the `n_keep` valid nodes of highest cumulative log-prob (at most `budget[b]` of them),
+    re-indexed in pool order with the kept nodes packed at the front.
 
     Ancestor-closed because a child's cumulative log-prob never exceeds its parent's and ties go to the lower
     (parent-first) index.
@@ -104,7 +114,12 @@ def select_nodes(tokens, parent, depth, logp, valid, ancestors, n_keep: int) -> 
     b, p = tokens.shape
     score = jnp.where(valid, logp, -jnp.inf).at[:, 0].set(jnp.inf)
     _, sel = jax.lax.top_k(score, n_keep + 1)
-    sel = jnp.sort(sel, axis=-1)  # pool order keeps parents before children
+    if budget is not None:  # beyond the budget: -inf (dropped), and sorted behind every kept node
+        over = jnp.arange(n_keep + 1)[None, :] > budget[:, None]
+        score = jax.vmap(lambda s_, i_, o_: s_.at[i_].set(jnp.where(o_, -jnp.inf, s_[i_])))(score, sel, over)
+        sel = jnp.take_along_axis(sel, jnp.argsort(jnp.where(over, sel + p, sel), axis=-1), 1)
+    else:
+        sel = jnp.sort(sel, axis=-1)  # pool order keeps parents before children
     take = lambda a: jnp.take_along_axis(a, sel, axis=1)  # noqa: E731
     new_of_old = jnp.full((b, p), -1, jnp.int32)
     new_of_old = jax.vmap(lambda m, s: m.at[s].set(jnp.arange(n_keep + 1, dtype=jnp.int32)))(new_of_old, sel)

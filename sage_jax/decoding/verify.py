@@ -28,7 +28,12 @@ def _path_from(tree: Tree, last: Int[Array, " B"], max_depth: int) -> Int[Array,
 def accept_greedy(tree: Tree, target_logits: Float[Array, "B W V"], max_depth: int
                   ) -> tuple[Int[Array, "B D"], Int[Array, " B"], Int[Array, " B"]]:
     """(path slots [B, max_depth+1], accepted length τ [B], bonus token [B])."""
-    best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B,W]
+    return accept_greedy_best(tree, jnp.argmax(target_logits, axis=-1).astype(jnp.int32), max_depth)
+
+
+def accept_greedy_best(tree: Tree, best: Int[Array, "B W"], max_depth: int
+                       ) -> tuple[Int[Array, "B D"], Int[Array, " B"], Int[Array, " B"]]:
+    """`accept_greedy` from the target's argmax token at every slot."""
     parent = jnp.maximum(tree.parent, 0)
     match = tree.valid & (tree.tokens == jnp.take_along_axis(best, parent, 1))
     accepted = jnp.arange(tree.size)[None, :] == 0

@@ -59,7 +59,7 @@ def _builder(name):
         shape = policies.step_shape(policy, alpha, d_max)
         length, pad = jnp.full(root.shape, LENGTH), jnp.zeros(root.shape, jnp.int32)
         feat = jnp.zeros(root.shape + (0,))
-        t, _, _, _ = build_tree(policy, drafter, cache, root, root_logq, alpha, feat, shape, length, pad)
+        t, _, _, _, _ = build_tree(policy, drafter, cache, root, root_logq, alpha, feat, shape, length, pad)
         g = verify.accept_greedy(t, target_logits, policy.d_cap)
         logp = processed_logprobs(target_logits, jnp.ones(root.shape), SamplingConfig(top_k=3))
         s = verify.accept_sampled(key, t, logp, policy.d_cap)

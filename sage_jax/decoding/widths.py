@@ -1,0 +1,42 @@
+"""Width buckets: run a forward at the smallest static width that holds the nodes a step actually has.
+
+Trees, frontiers and pending tokens are padded to static capacities, but their valid entries are packed at the
+front. One `lax.switch` over a few static widths makes a step pay for the entries it has, with every branch
+compiled once up front (no recompiles: the branch index is an array). On a CPU a 65-wide target forward costs
+~9x a 1-wide one, so this is the difference between speculation paying or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+
+def sizes(capacity: int, smallest: int = 1, ratio: int = 4) -> tuple[int, ...]:
+    """Widths smallest, smallest·ratio, ... below `capacity`, then `capacity` itself; just (capacity,) when
+    ratio < 2 (bucketing off). Every width is one more compiled copy of a forward, hence ratio 4 by default:
+    (2, 8, 32, 65) for a 64-node tree."""
+    if ratio < 2:
+        return (capacity,)
+    out, w = [], max(1, smallest)
+    while w < capacity:
+        out.append(w)
+        w *= ratio
+    return tuple(out) + (capacity,)
+
+
+def switch(n: Int[Array, ""], widths: tuple[int, ...], branch: Callable[[int], Callable[[], Any]]) -> Any:
+    """Runs `branch(w)()` for the smallest `w` in `widths` with w >= n (the largest if none).
+
+    `branch(w)` must return a zero-argument function whose outputs have the same shapes for every `w` (pad or
+    gather back to the static capacity inside it). With one width this is a plain call.
+    """
+    if len(widths) == 1:
+        return branch(widths[0])()
+    idx = jnp.searchsorted(jnp.asarray(widths, jnp.int32), n.astype(jnp.int32), side="left")
+    idx = jnp.minimum(idx, len(widths) - 1)
+    return jax.lax.switch(idx, [lambda _, w=w: branch(w)() for w in widths], None)
