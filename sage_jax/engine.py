@@ -17,7 +17,9 @@ import jax
 import numpy as np
 
 from sage_jax.decoding import autoregressive as ar
+from sage_jax.decoding import budget as budget_lib
 from sage_jax.decoding import speculative as spec
+from sage_jax.decoding import widths
 from sage_jax.decoding.drafts import DraftSpec, EagleWeights, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
@@ -122,7 +124,9 @@ class Engine:
         self._lm_d = draft.serving() if isinstance(draft, Decoder) else draft
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
+        self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
         self.compile_seconds = 0.0
+        self.profile_seconds = 0.0
 
     @property
     def compiles(self) -> int:
@@ -139,16 +143,48 @@ class Engine:
         self.compile_seconds += dt
         return exe, dt
 
+    def chooser(self, policy: str | TreePolicy, prompt_len: int = 256, max_new_tokens: int = 128
+                ) -> budget_lib.BudgetChooser:
+        """The budget chooser of a policy (its cost profile measured on this device on first use, or loaded
+        from the profile cache), shared by every `generate(budget="auto")` call with that policy."""
+        cfg = run_config(policy, prompt_len, max_new_tokens)
+        pol = cfg.policy
+        key = (pol, self.draft_spec)
+        if key not in self._choosers:
+            v_sizes = widths.sizes(pol.n_max + 1, 2, cfg.bucket_ratio)
+            d_sizes = widths.sizes(pol.frontier, 1, cfg.bucket_ratio)
+            desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
+            pkey = budget_lib.profile_key(self.target.cfg, desc, cfg.capacity, v_sizes, d_sizes)
+            t0 = time.perf_counter()
+            prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
+                self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes))
+            self.profile_seconds += time.perf_counter() - t0
+            self._choosers[key] = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap,
+                                                           frontier=pol.frontier)
+        return self._choosers[key]
+
     def generate(self, prompts: Sequence[Sequence[int]], *, policy: str | TreePolicy = "sage",
                  max_new_tokens: int = 128, temperature: float | Sequence[float] = 0.0, seed: int = 0,
-                 alpha_init: float | None = None, budget: tuple[int, int] | None = None) -> Generation:
+                 alpha_init: float | None = None, budget: tuple[int, int] | str | None = None) -> Generation:
         """Generates for a batch of tokenized prompts (left-padded internally).
 
         `policy`: "ar", a policy name or a `TreePolicy`. `alpha_init`: SAGE's confidence for the first tree
         (default: the policy's `alpha_init`). `budget`: (node budget, depth cap) at most the policy's static
         (n_max, d_cap), e.g. from `budget.BudgetChooser`; arrays in the compiled loop, so any value reuses the
-        compilation (default: the static sizes).
+        compilation (default: the static sizes); "auto": chosen by `chooser(policy)` from the measured cost
+        profile and the acceptance statistics of earlier calls, which this call then extends.
         """
+        if isinstance(budget, str):
+            if budget != "auto":
+                raise ValueError(f"budget must be (nodes, depth), None or 'auto', got {budget!r}")
+            if policy == "ar":
+                return self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens,
+                                     temperature=temperature, seed=seed)
+            ch = self.chooser(policy, max(len(p) for p in prompts), max_new_tokens)
+            gen = self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens, temperature=temperature,
+                                seed=seed, alpha_init=alpha_init, budget=ch.choose())
+            ch.update(gen.stats)
+            return gen
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if max_new_tokens < 1:

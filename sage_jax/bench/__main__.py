@@ -1,0 +1,69 @@
+"""`python -m sage_jax.bench`: our AR and speculative decoders vs transformers on the same weights, one process.
+
+    python -m sage_jax.bench [--prompts N] [--max-new-tokens 128] [--budget auto|static|N,D] [--methods a,b]
+                             [--sweep 7,31,64] [--no-hf] [--no-ablations] [--out DIR] [--quick]
+
+Prints a Markdown table; writes DIR/bench.json and DIR/*.png. `--quick`: tiny random target, CI smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m sage_jax.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", help="target LM (default: the shipped SmolLM2-135M-Instruct GGUF)")
+    ap.add_argument("--draft", help="main draft: an EAGLE-style head or an LM checkpoint (default: the shipped "
+                                    "head, else the self-draft)")
+    ap.add_argument("--draft-layers", type=int, default=10, help="layers of the self-draft / truncated LM draft")
+    ap.add_argument("--draft-lm", help="LM draft for chain-lm and transformers' assisted generation (default: the "
+                                       "target truncated to --draft-layers)")
+    ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all 32)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--budget", default="auto", help="tree budget: auto (measured cost profile), static, or N,D")
+    ap.add_argument("--methods", help="comma-separated subset of methods (ar is always included)")
+    ap.add_argument("--sweep", default="", help="also run SAGE at these fixed node budgets, e.g. 7,31,64")
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    ap.add_argument("--no-ablations", action="store_true", help="skip the SAGE ablations")
+    ap.add_argument("--out", default="out/bench", help="folder for bench.json and the plots")
+    ap.add_argument("--quick", action="store_true", help="tiny random target, 3 prompts, 32 tokens (CI smoke)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.max_new_tokens = min(args.max_new_tokens, 32)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from sage_jax.bench import plots, run, suite
+
+    try:
+        if args.max_new_tokens < 1 or args.prompts < 0:
+            raise suite.BadInput("--max-new-tokens must be >= 1 and --prompts >= 0")
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            raise suite.BadInput(f"cannot create --out {args.out}: {e.strerror}") from None
+        s = suite.build(args)
+    except suite.BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = run.run_methods(s.runners, s.methods, s.prompts, progress=not args.no_progress)
+    rows = run.summarise(results)
+    table = run.markdown(rows)
+    meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
+    run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta)
+    with open(os.path.join(args.out, "bench.json")) as fh:
+        traces = __import__("json").load(fh)["traces"]
+    pngs = plots.all_plots(rows, traces, s.profile, args.out, s.title)
+    print(f"\n{s.title}\n{meta['machine']}\n\n{table}\n")
+    print(f"wrote {os.path.join(args.out, 'bench.json')} and {', '.join(pngs)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The benchmarked decoders: ours (AR and every tree policy, SAGE ablations) and transformers' PyTorch baselines
+(plain greedy `generate`, prompt-lookup decoding, assisted generation with our LM draft exported to HF), all on
+the same weights. Each method maps one tokenized prompt to (tokens, seconds, per-prompt statistics)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from typing import Any
+
+from sage_jax.decoding.policies import TreePolicy
+
+# SAGE ablations (sage.md §1.5): one dimension adapted, no history rule, the α source variants.
+SAGE_ABLATIONS: dict[str, dict[str, Any]] = {
+    "sage-depth-only": dict(adapt_width=False),
+    "sage-width-only": dict(adapt_depth=False),
+    "sage-no-history": dict(history=False),
+    "sage-fresh-root": dict(alpha_source="fresh_root"),
+    "sage-path-mean": dict(alpha_source="accepted_path_mean"),
+}
+HF_METHODS = ("hf-ar", "hf-pld", "hf-assisted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """name; kind "ours" or "hf"; policy ("ar" or a TreePolicy) and draft ("main" or "lm") for ours; budget:
+    "auto", None (static sizes) or fixed (nodes, depth)."""
+
+    name: str
+    kind: str
+    policy: Any = None
+    draft: str = "main"
+    budget: Any = "auto"
+
+
+def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = ()) -> list[Method]:
+    static = TreePolicy.static()
+    out = [Method("ar", "ours", "ar", budget=None),
+           Method("chain-lm", "ours", TreePolicy.chain(), draft="lm", budget=None),
+           Method("chain", "ours", TreePolicy.chain(), budget=budget),
+           Method("static", "ours", static, budget=None),
+           Method("eagle2", "ours", TreePolicy.eagle2(), budget=budget),
+           Method("sage", "ours", TreePolicy.sage(), budget=budget),
+           # the same node budget as the static tree: the like-for-like τ comparison
+           Method(f"sage@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max), budget=None)]
+    if ablations:
+        out += [Method(n, "ours", TreePolicy.sage(**kw), budget=budget) for n, kw in SAGE_ABLATIONS.items()]
+    out += [Method(f"sage-fixed-{n}", "ours", TreePolicy.sage(), budget=(n, TreePolicy.sage().d_cap))
+            for n in sweep]
+    return out
+
+
+def hf_methods() -> list[Method]:
+    return [Method(n, "hf") for n in HF_METHODS]
+
+
+class OursRunner:
+    """Our engines: one for the main draft (EAGLE head, LM checkpoint or self-draft), one for the LM draft."""
+
+    def __init__(self, engine, lm_engine, max_new_tokens: int):
+        self.engines = {"main": engine, "lm": lm_engine}
+        self.n = max_new_tokens
+
+    def warm_up(self, m: Method, prompt: list[int]) -> float:
+        """Compiles (and measures the cost profile for --budget auto): seconds spent."""
+        e = self.engines[m.draft]
+        t0 = time.perf_counter()
+        if m.budget == "auto":
+            e.chooser(m.policy, len(prompt), self.n)
+        e.generate([prompt], policy=m.policy, max_new_tokens=self.n,
+                   budget=None if m.budget == "auto" else m.budget)
+        return time.perf_counter() - t0
+
+    def run(self, m: Method, prompt: list[int]) -> dict:
+        g = self.engines[m.draft].generate([prompt], policy=m.policy, max_new_tokens=self.n, budget=m.budget)
+        s = g.stats
+        loop = max(s.new_tokens - 1, 1)
+        per_step = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+        return {"tokens": g.token_ids[0], "seconds": s.prefill_seconds + s.decode_seconds, "steps": s.steps,
+                "tau": s.mean_accepted, "target_forwards": s.target_forwards, "draft_forwards": s.draft_forwards,
+                "loop_tokens": loop, "nodes": per_step(s.nodes_trace), "depth": per_step(s.depth_trace),
+                "width": per_step(s.width_trace), "alpha_trace": s.alpha_trace, "tau_trace": s.tau_trace,
+                "budget": s.budget}
+
+
+class HFRunner:
+    """transformers' eager PyTorch generate on our weights written as HF directories (no download)."""
+
+    def __init__(self, target_dir: str, draft_dir: str, cfg, max_new_tokens: int, threads: int | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        self.draft.generation_config.num_assistant_tokens = 5  # our chain depth
+        self.calls = {"target": 0, "draft": 0}
+        self.model.register_forward_pre_hook(lambda *_: self._count("target"))
+        self.draft.register_forward_pre_hook(lambda *_: self._count("draft"))
+        self.kw = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(cfg.eos_token_ids) or None,
+                       pad_token_id=cfg.pad_token_id)
+
+    def _count(self, which):
+        self.calls[which] += 1
+
+    def _extra(self, name: str) -> dict:
+        if name == "hf-pld":
+            return {"prompt_lookup_num_tokens": 10}
+        if name == "hf-assisted":
+            return {"assistant_model": self.draft}
+        return {}
+
+    def warm_up(self, m: Method, prompt: list[int]) -> float:
+        t0 = time.perf_counter()
+        self.run(m, prompt)
+        return time.perf_counter() - t0
+
+    def run(self, m: Method, prompt: list[int]) -> dict:
+        torch = self.torch
+        self.calls = {"target": 0, "draft": 0}
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = self.model.generate(torch.tensor([prompt]), **self.kw, **self._extra(m.name))
+            secs = time.perf_counter() - t0
+        toks = out[0, len(prompt):].tolist()
+        steps = max(self.calls["target"] - 1, 1)  # minus the prefill
+        loop = max(len(toks) - 1, 1)
+        return {"tokens": toks, "seconds": secs, "steps": steps, "tau": loop / steps - 1.0,
+                "target_forwards": self.calls["target"], "draft_forwards": self.calls["draft"], "loop_tokens": loop,
+                "nodes": None, "depth": None, "width": None, "alpha_trace": [], "tau_trace": [], "budget": None}
+
+
+def export_hf(cfg, params, tok, n_layers: int | None = None, root: str | None = None) -> str:
+    """Our canonical params (optionally truncated to the first `n_layers` + final norm + head: the self-draft)
+    written as an HF directory under `root` (a temporary directory by default)."""
+    from sage_jax.draft.export import export_lm
+
+    if n_layers is not None:
+        params = dict(params, blocks={k: v[:n_layers] for k, v in params["blocks"].items()})
+        cfg = cfg.replace(n_layers=n_layers)
+    root = root or tempfile.mkdtemp(prefix="sage_bench_hf_")
+    return export_lm(os.path.join(root, f"lm{n_layers or cfg.n_layers}"), cfg, params, tok)
+

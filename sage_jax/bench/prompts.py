@@ -1,0 +1,55 @@
+"""The benchmark's held-out chat prompts: hand-written here, never used for draft training (the draft pipeline
+reads `sage_jax.draft.data` corpora and never imports this module). Several kinds, because acceptance depends
+on how predictable the answer is: code, explanations, rewriting (copy-heavy), lists, math, summaries."""
+
+from __future__ import annotations
+
+BENCH_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("code", "Write a Python function that merges two sorted lists into one sorted list."),
+    ("code", "Write a Python function that returns the largest element of a list without using max()."),
+    ("code", "Write a SQL query that counts the orders per customer in a table named orders."),
+    ("code", "Write a bash one-liner that counts the lines of every .txt file in a folder."),
+    ("code", "Explain what this code prints:\n```python\nfor i in range(3):\n    print(i * 2)\n```"),
+    ("code", "Write a Python function that removes duplicate items from a list while keeping their order."),
+    ("explanation", "Explain the difference between RAM and a hard disk."),
+    ("explanation", "How does a refrigerator keep food cold?"),
+    ("explanation", "What is the greenhouse effect?"),
+    ("explanation", "Explain what an API is to someone who does not program."),
+    ("explanation", "Why do we have leap years?"),
+    ("explanation", "What is the difference between weather and climate?"),
+    ("rewriting", "Rewrite this sentence in the passive voice: The committee approved the new budget."),
+    ("rewriting", "Correct the grammar: Me and him goes to the store yesterday and buyed three apple."),
+    ("rewriting", "Rewrite more concisely: In the event that it rains, the picnic will be moved to a later date."),
+    ("rewriting", "Make this friendlier: Your request has been denied. Do not contact us again about this."),
+    ("rewriting", "Translate into simple English: The precipitation forecast indicates a high probability of "
+                  "showers."),
+    ("lists", "List five fruits that are high in vitamin C."),
+    ("lists", "Name the seven continents."),
+    ("lists", "List the days of the week in order."),
+    ("lists", "Give five ideas for a child's birthday party."),
+    ("lists", "List three advantages and three disadvantages of working from home."),
+    ("math", "What is 15 percent of 240? Show your steps."),
+    ("math", "If a train travels 60 km per hour for 2.5 hours, how far does it go?"),
+    ("math", "Solve for x: 3x + 7 = 22."),
+    ("math", "What is the area of a circle with a radius of 4 centimetres?"),
+    ("summary", "Summarize the story of Cinderella in three sentences."),
+    ("summary", "Summarize the water cycle in a short paragraph."),
+    ("summary", "Give a one-paragraph summary of what the internet is."),
+    ("advice", "How can I sleep better at night? Give practical tips."),
+    ("advice", "What should I consider when buying a used car?"),
+    ("advice", "How do I prepare for a job interview?"),
+)
+
+
+def bench_prompts(n: int | None = None) -> list[str]:
+    """The first `n` prompt texts (all by default), interleaving kinds so that a prefix covers every kind."""
+    kinds: dict[str, list[str]] = {}
+    for kind, text in BENCH_PROMPTS:
+        kinds.setdefault(kind, []).append(text)
+    order, i = [], 0
+    while len(order) < len(BENCH_PROMPTS):
+        for texts in kinds.values():
+            if i < len(texts):
+                order.append(texts[i])
+        i += 1
+    return order if n is None else order[:n]

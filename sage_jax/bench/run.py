@@ -1,0 +1,103 @@
+"""The benchmark loop: load once, compile every method (timed apart), then prompts × methods with a progress bar,
+aggregate per method, print a Markdown table, write JSON and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from sage_jax.bench.methods import Method
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_methods(runners: dict, methods: list[Method], prompts: list[list[int]], *, progress: bool = True) -> dict:
+    """Per method: warm-up (compile) seconds, then per-prompt results. Methods are interleaved per prompt so
+    that a noisy machine affects them alike."""
+    results: dict[str, dict] = {}
+    for m in tqdm(methods, desc="compile", disable=not progress, leave=False):
+        results[m.name] = {"method": m, "compile_seconds": runners[m.kind].warm_up(m, prompts[0]), "runs": [],
+                           "peak_rss_mb": 0.0}
+        results[m.name]["peak_rss_mb"] = peak_rss_mb()
+    bar = tqdm(total=len(prompts) * len(methods), desc="prompts x methods", disable=not progress)
+    for p in prompts:
+        for m in methods:
+            bar.set_postfix_str(m.name)
+            results[m.name]["runs"].append(runners[m.kind].run(m, p))
+            bar.update()
+    bar.close()
+    return results
+
+
+def summarise(results: dict) -> list[dict]:
+    """One row per method: tokens/s (prefill + decode, compile excluded), speedups, τ, forwards per token, tree
+    shape per step, compile seconds, peak RSS, exactness vs our AR."""
+    rows = []
+    ref = results.get("ar", {}).get("runs")
+    for name, r in results.items():
+        runs = r["runs"]
+        toks = sum(len(x["tokens"]) for x in runs)
+        secs = sum(x["seconds"] for x in runs)
+        loop = sum(x["loop_tokens"] for x in runs)
+        steps = sum(x["steps"] for x in runs)
+        mean = lambda k, runs=runs: (float(np.mean([x[k] for x in runs]))  # noqa: E731
+                                     if runs and runs[0][k] is not None else None)
+        rows.append({
+            "method": name, "kind": r["method"].kind, "tokens": toks, "seconds": secs,
+            "tokens_per_second": toks / secs if secs else 0.0,
+            "tau": (loop / steps - 1.0) if steps else 0.0, "tau_plus_1": loop / steps if steps else 0.0,
+            "target_forwards_per_token": sum(x["target_forwards"] for x in runs) / max(toks, 1),
+            "draft_forwards_per_token": sum(x["draft_forwards"] for x in runs) / max(toks, 1),
+            "nodes_per_step": mean("nodes"), "depth_per_step": mean("depth"), "width_per_step": mean("width"),
+            "compile_seconds": r["compile_seconds"], "peak_rss_mb": r["peak_rss_mb"],
+            "same_as_ar": None if ref is None else all(a["tokens"] == b["tokens"] for a, b in zip(runs, ref)),
+            "budgets": sorted({tuple(x["budget"]) for x in runs if x["budget"]}),
+        })
+    by = {row["method"]: row["tokens_per_second"] for row in rows}
+    for row in rows:
+        row["speedup_vs_ar"] = row["tokens_per_second"] / by["ar"] if by.get("ar") else None
+        row["speedup_vs_hf_ar"] = row["tokens_per_second"] / by["hf-ar"] if by.get("hf-ar") else None
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
+    head = ("| method | tok/s | vs our AR | vs HF AR | τ | τ+1 | target fwd/tok | draft fwd/tok | nodes/step | "
+            "depth/step | width/step | compile s | peak RSS MB | same as AR |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['tokens_per_second']:.1f} | {f(r['speedup_vs_ar'])}x | "
+                     f"{f(r['speedup_vs_hf_ar'])}x | {r['tau']:.2f} | {r['tau_plus_1']:.2f} | "
+                     f"{r['target_forwards_per_token']:.2f} | {r['draft_forwards_per_token']:.2f} | "
+                     f"{f(r['nodes_per_step'], '.1f')} | {f(r['depth_per_step'], '.1f')} | "
+                     f"{f(r['width_per_step'], '.1f')} | {r['compile_seconds']:.1f} | {r['peak_rss_mb']:.0f} | "
+                     f"{'-' if r['same_as_ar'] is None else ('yes' if r['same_as_ar'] else 'NO')} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import jax
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {jax.devices()[0].platform}"
+
+
+def write_json(path: str, rows: list[dict], results: dict, meta: dict) -> None:
+    per_method = {name: {"alpha_traces": [x["alpha_trace"] for x in r["runs"]],
+                         "tau_traces": [x["tau_trace"] for x in r["runs"]]} for name, r in results.items()}
+    with open(path, "w") as fh:
+        json.dump({"meta": meta, "rows": rows, "traces": per_method, "time": time.strftime("%Y-%m-%d %H:%M:%S")},
+                  fh, indent=1, default=str)

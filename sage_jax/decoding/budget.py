@@ -1,0 +1,199 @@
+"""Hardware-aware tree budgets: measure what a tree costs on this device, choose the budget that pays most.
+
+The paper's speedup model (sage.md Eq. 6): S ≈ (E[τ] + 1) / (c_d·|T| + c_t), per step. Here the step cost is
+measured, not assumed: the target's verify forward at every static width the step can run at (`widths.py`),
+and the draft's forward at every frontier width, on the current device, cached per (device, models, widths).
+E[τ] comes from running acceptance statistics: how often the node of each priority rank was accepted when the
+budget offered it (`SpecState.accepted_at`), and how deep accepted paths go (τ traces). Because a tree with a
+budget of N nodes is the first N nodes of the unbudgeted tree in priority order, E[τ](N) = Σ_{i ≤ N} p_i.
+
+The chosen (N, D) enter the compiled loop as arrays: changing them never recompiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sage_jax.decoding.tree import causal_visibility
+
+
+@dataclasses.dataclass
+class CostProfile:
+    """Measured milliseconds per forward at each static width.
+
+    Attributes: device; verify_widths / verify_ms: the target's verify forward (+ head + argmax) at each width
+    (root included); draft_widths / draft_ms: one draft forward (+ head + top-k) at each width.
+    """
+
+    device: str
+    verify_widths: list[int]
+    verify_ms: list[float]
+    draft_widths: list[int]
+    draft_ms: list[float]
+
+    def verify_cost(self, nodes: int) -> float:
+        """ms of verifying `nodes` tree nodes (+ the root) at the width bucket they fall in."""
+        i = int(np.searchsorted(self.verify_widths, nodes + 1))
+        return self.verify_ms[min(i, len(self.verify_ms) - 1)]
+
+    def draft_cost(self, width: int) -> float:
+        i = int(np.searchsorted(self.draft_widths, width))
+        return self.draft_ms[min(i, len(self.draft_ms) - 1)]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _time_ms(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts) * 1e3)
+
+
+def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
+                    context: int | None = None, repeats: int = 5) -> CostProfile:
+    """Times the target (serving-form `LM`) and the draft (`LM`, `EagleWeights` or None for a self-draft, built
+    by `drafts.build_drafter(draft_spec, ...)`) at each width, writing after a `context`-token committed prefix
+    (default: half the capacity) of a batch-1 cache of `capacity` slots."""
+    from sage_jax.decoding.drafts import build_drafter
+
+    context = capacity // 2 if context is None else context
+    length, pad = jnp.full((1,), context, jnp.int32), jnp.zeros((1,), jnp.int32)
+
+    def positions_mask(w):
+        slots = context + jnp.arange(w, dtype=jnp.int32)[None]
+        return slots, causal_visibility(slots, pad, capacity)
+
+    @jax.jit
+    def verify(target, cache, tokens):
+        pos, mask = positions_mask(tokens.shape[1])
+        hidden, cache = target.forward(tokens, pos, mask, cache, length)
+        return jnp.argmax(target.head(hidden), -1), cache
+
+    @jax.jit
+    def run_draft(target, draft, cache, tokens):
+        drafter = build_drafter(draft_spec, target, draft)
+        pos, mask = positions_mask(tokens.shape[1])
+        feats = jnp.zeros(tokens.shape + (drafter.feature_dim,), jnp.float32)
+        logq, _, cache = drafter(tokens, feats, pos, mask, cache, length)
+        return jax.lax.top_k(logq, 10), cache
+
+    t_cache = target.init_cache(1, capacity)
+    d_cache = build_drafter(draft_spec, target, draft).init_cache(1, capacity)
+    tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
+    v_ms = [_time_ms(verify, target, t_cache, tok(w), repeats=repeats) for w in verify_widths]
+    d_ms = [_time_ms(run_draft, target, draft, d_cache, tok(w), repeats=repeats) for w in draft_widths]
+    return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
+                       draft_widths=list(draft_widths), draft_ms=d_ms)
+
+
+def profile_path(key: str) -> str:
+    from sage_jax.io.load import cache_dir
+
+    return os.path.join(cache_dir(), "profiles", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def cached_profile(key: str, measure) -> CostProfile:
+    """The profile stored under `key` (device, models and widths), measured by `measure()` on first use."""
+    path = profile_path(key)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return CostProfile(**json.load(f)["profile"])
+    prof = measure()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"key": key, "profile": prof.to_json()}, f)
+        os.replace(tmp, path)
+    except OSError:  # an unwritable cache only costs a re-measure next time
+        pass
+    return prof
+
+
+def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:
+    return json.dumps({"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+                       "target": repr(target_cfg), "draft": draft_desc, "capacity": capacity,
+                       "verify": list(verify_widths), "draft_widths": list(draft_widths)}, sort_keys=True)
+
+
+@dataclasses.dataclass
+class BudgetChooser:
+    """Chooses (node budget N, depth cap D) maximising (E[τ] + 1) / step cost from running statistics.
+
+    Attributes: profile; n_max, d_cap: the policy's static sizes; frontier: its draft width per level;
+    explore_every: every k-th request runs at the full budget, so the statistics of deep ranks stay fresh;
+    accepted / offered: per priority rank, accepted nodes and steps whose budget offered that rank;
+    depth_hist: how many steps accepted exactly τ = d tokens; levels / steps: draft levels run and steps.
+    """
+
+    profile: CostProfile
+    n_max: int
+    d_cap: int
+    frontier: int
+    explore_every: int = 8
+    accepted: np.ndarray = None
+    offered: np.ndarray = None
+    depth_hist: np.ndarray = None
+    levels: float = 0.0
+    steps: int = 0
+    requests: int = 0
+
+    def __post_init__(self):
+        self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else self.accepted
+        self.offered = np.zeros(self.n_max + 1) if self.offered is None else self.offered
+        self.depth_hist = np.zeros(self.d_cap + 1) if self.depth_hist is None else self.depth_hist
+
+    def update(self, stats) -> None:
+        """Adds one `engine.Stats` (its budget, accepted_at, tau_trace, draft forwards) to the statistics."""
+        n_b, _ = stats.budget
+        self.accepted += np.asarray(stats.accepted_at[: self.n_max + 1], float)
+        self.offered[1: n_b + 1] += stats.steps
+        for t in stats.tau_trace:
+            self.depth_hist[min(int(t), self.d_cap)] += 1
+        self.levels += max(0, stats.draft_forwards - 1 - stats.steps)  # minus prefill and catch-ups
+        self.steps += stats.steps
+        self.requests += 1
+
+    def expected_tau(self, n: int, d: int) -> float:
+        """E[τ] of a tree cut to `n` nodes and depth `d` (separable: rank statistics × depth statistics)."""
+        p = np.divide(self.accepted, self.offered, out=np.zeros_like(self.accepted), where=self.offered > 0)
+        e_n = float(np.sum(p[1: n + 1]))
+        tot = self.depth_hist.sum()
+        if tot == 0:
+            return e_n
+        at_least = np.cumsum(self.depth_hist[::-1])[::-1] / tot  # P(τ >= d)
+        e_d, e_all = float(np.sum(at_least[1: d + 1])), float(np.sum(at_least[1:]))
+        return e_n * (e_d / e_all if e_all > 0 else 1.0)
+
+    def step_cost(self, n: int, d: int) -> float:
+        mean_levels = self.levels / self.steps if self.steps else d - 1
+        levels = min(d - 1, mean_levels)
+        width = min(self.frontier, n)
+        return (self.profile.draft_cost(2) + levels * self.profile.draft_cost(width)
+                + self.profile.verify_cost(n))
+
+    def candidates(self) -> list[tuple[int, int]]:
+        ns = sorted({min(w - 1, self.n_max) for w in self.profile.verify_widths if w >= 2} | {self.n_max})
+        return [(n, d) for n in ns for d in range(1, self.d_cap + 1)]
+
+    def speedup(self, n: int, d: int) -> float:
+        """Model speedup over autoregressive decoding (one verify-width-1 forward per token)."""
+        return (self.expected_tau(n, d) + 1.0) * self.profile.verify_ms[0] / self.step_cost(n, d)
+
+    def choose(self) -> tuple[int, int]:
+        if self.steps == 0 or (self.explore_every and self.requests % self.explore_every == 0):
+            return self.n_max, self.d_cap
+        return max(self.candidates(), key=lambda nd: (self.speedup(*nd), -nd[0], -nd[1]))
