@@ -1,0 +1,49 @@
+"""`python -m sage_jax.bench --quick` end to end (what CI runs), the prompt suite, and its CLI errors."""
+
+import json
+import os
+
+import pytest
+
+from sage_jax.bench import __main__ as bench
+from sage_jax.bench.prompts import BENCH_PROMPTS, bench_prompts
+
+
+def test_prompt_suite_is_held_out_and_varied():
+    from sage_jax.draft.eval_prompts import EVAL_PROMPTS
+
+    assert len(BENCH_PROMPTS) >= 30 and len({k for k, _ in BENCH_PROMPTS}) >= 5
+    assert len(set(bench_prompts())) == len(BENCH_PROMPTS)
+    assert not {t for _, t in BENCH_PROMPTS} & {t for _, t in EVAL_PROMPTS}
+    assert len({k for k, t in BENCH_PROMPTS if t in bench_prompts(6)}) == 6  # a prefix covers every kind
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--budget", "lots"], "--budget"),
+    (["--budget", "0,3"], "--budget"),
+    (["--methods", "ar,warp"], "unknown method"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
+    assert bench.main(["--quick", "--no-hf", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]
+
+
+def test_quick_run_end_to_end(capsys, tmp_path, cache_dir):
+    assert bench.main(["--quick", "--no-progress", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| method | tok/s |" in out and "| sage |" in out and "| hf-assisted |" in out
+    with open(os.path.join(tmp_path, "bench.json")) as fh:
+        data = json.load(fh)
+    rows = {r["method"]: r for r in data["rows"]}
+    assert set(rows) == {"ar", "chain-lm", "sage", "hf-ar", "hf-assisted"}
+    # Lossless against our AR, and transformers agrees with us on the same weights.
+    assert all(r["same_as_ar"] for r in rows.values())
+    assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["hf-ar"]["speedup_vs_hf_ar"] == 1.0
+    assert rows["chain-lm"]["draft_forwards_per_token"] > 0 and rows["hf-assisted"]["draft_forwards_per_token"] > 0
+    assert rows["sage"]["budgets"], "auto budget recorded"
+    for png in ("speedup", "calibration", "entropy_autocorrelation", "verify_cost"):
+        assert os.path.getsize(os.path.join(tmp_path, f"{png}.png")) > 1000
+    prof = data["meta"]["profile"]
+    assert prof["verify_widths"][-1] == 65 and len(prof["verify_ms"]) == len(prof["verify_widths"])

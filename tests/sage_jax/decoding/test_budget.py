@@ -1,0 +1,74 @@
+"""Hardware-aware budgets: the chooser's speedup model, the profile cache, and budgets as arrays (no
+recompiles; a budget cuts the tree to its first N nodes; output still equals AR)."""
+
+import dataclasses
+
+import numpy as np
+
+from sage_jax.decoding import budget, widths
+from sage_jax.decoding.drafts import DraftSpec
+from sage_jax.decoding.policies import TreePolicy
+from sage_jax.engine import Engine
+
+
+def test_widths():
+    assert widths.sizes(65, 2) == (2, 8, 32, 65)
+    assert widths.sizes(11, 1, 2) == (1, 2, 4, 8, 11)
+    assert widths.sizes(16, 1, 1) == (16,)
+
+
+def _chooser(verify_ms, accept_p):
+    prof = budget.CostProfile(device="cpu", verify_widths=[2, 8, 32, 65], verify_ms=verify_ms,
+                              draft_widths=[1, 4, 16], draft_ms=[1.0, 1.0, 1.0])
+    ch = budget.BudgetChooser(prof, n_max=64, d_cap=8, frontier=16)
+    stats = type("S", (), dict(budget=(64, 8), steps=100, tau_trace=[], draft_forwards=101 + 100 * 3,
+                               accepted_at=[0] + [int(100 * p) for p in accept_p]))
+    ch.update(stats)
+    return ch
+
+
+def test_chooser_follows_the_cost_curve():
+    p = [0.6, 0.3, 0.1, 0.05] + [0.02] * 60  # acceptance by priority rank
+    flat = _chooser([10.0, 10.0, 10.5, 11.0], p)  # TPU-like: verify cost flat in N
+    steep = _chooser([10.0, 25.0, 60.0, 120.0], p)  # this CPU: wide trees cost several single steps
+    flat.requests = 8
+    assert flat.choose() == (64, 8)  # every 8th request explores the full budget
+    flat.requests = steep.requests = 1
+    assert flat.choose()[0] == 64
+    assert steep.choose()[0] == 1
+    assert steep.speedup(1, 8) > steep.speedup(64, 8)
+    np.testing.assert_allclose(flat.expected_tau(7, 8), sum(p[:7]), rtol=1e-6)
+
+
+def test_profile_cache_roundtrip(cache_dir):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return budget.CostProfile("cpu", [2, 8], [1.0, 2.0], [1], [0.5])
+
+    key = "test-profile-key"
+    a = budget.cached_profile(key, measure)
+    b = budget.cached_profile(key, measure)
+    assert a == b and len(calls) == 1
+
+
+def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
+    target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
+    engine = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1))
+    pol = dataclasses.replace(TreePolicy.sage(n_max=16, frontier=4, d_cap=6, d_max=5), history=False)
+    prompt = [3, 4, 5, 6]
+    ref = engine.generate([prompt], policy="ar", max_new_tokens=24).token_ids
+    full = engine.generate([prompt], policy=pol, max_new_tokens=24, alpha_init=1.0)
+    compiles = engine.compiles
+    for n, d in [(1, 6), (3, 2), (16, 6)]:
+        g = engine.generate([prompt], policy=pol, max_new_tokens=24, alpha_init=1.0, budget=(n, d))
+        assert g.token_ids == ref
+        assert max(g.stats.nodes_trace) <= n and max(g.stats.depth_trace) <= d
+        assert sum(g.stats.accepted_at[n + 1:]) == 0
+    assert engine.compiles == compiles
+    assert full.stats.budget == (16, 6)
+    auto = [engine.generate([prompt], policy=pol, max_new_tokens=24, budget="auto") for _ in range(2)]
+    assert all(a.token_ids == ref for a in auto)
+    assert auto[0].stats.budget == (16, 6)  # explores first
+    assert engine.compiles == compiles
