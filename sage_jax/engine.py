@@ -172,7 +172,8 @@ class Engine:
         (default: the policy's `alpha_init`). `budget`: (node budget, depth cap) at most the policy's static
         (n_max, d_cap), e.g. from `budget.BudgetChooser`; arrays in the compiled loop, so any value reuses the
         compilation (default: the static sizes); "auto": chosen by `chooser(policy)` from the measured cost
-        profile and the acceptance statistics of earlier calls, which this call then extends.
+        profile and the acceptance statistics of earlier calls, which this call then extends (plain
+        autoregressive decoding, reported as budget (0, 0), when no tree is predicted to pay).
         """
         if isinstance(budget, str):
             if budget != "auto":
@@ -181,8 +182,14 @@ class Engine:
                 return self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens,
                                      temperature=temperature, seed=seed)
             ch = self.chooser(policy, max(len(p) for p in prompts), max_new_tokens)
+            choice = ch.choose()
+            if choice is None:  # no tree pays on this device with the acceptance seen so far: plain decoding
+                gen = self.generate(prompts, policy="ar", max_new_tokens=max_new_tokens, temperature=temperature,
+                                    seed=seed)
+                gen.stats.budget = (0, 0)
+                return gen
             gen = self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens, temperature=temperature,
-                                seed=seed, alpha_init=alpha_init, budget=ch.choose())
+                                seed=seed, alpha_init=alpha_init, budget=choice)
             ch.update(gen.stats)
             return gen
         if not prompts or any(len(p) == 0 for p in prompts):

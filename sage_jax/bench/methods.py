@@ -67,10 +67,10 @@ class OursRunner:
         """Compiles (and measures the cost profile for --budget auto): seconds spent."""
         e = self.engines[m.draft]
         t0 = time.perf_counter()
-        if m.budget == "auto":
+        if m.budget == "auto":  # cost profile, then the full-budget exploring request (its statistics count)
             e.chooser(m.policy, len(prompt), self.n)
-        e.generate([prompt], policy=m.policy, max_new_tokens=self.n,
-                   budget=None if m.budget == "auto" else m.budget)
+            e.generate([prompt], policy="ar", max_new_tokens=self.n)
+        e.generate([prompt], policy=m.policy, max_new_tokens=self.n, budget=m.budget)
         return time.perf_counter() - t0
 
     def run(self, m: Method, prompt: list[int]) -> dict:

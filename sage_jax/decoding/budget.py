@@ -30,7 +30,8 @@ class CostProfile:
     """Measured milliseconds per forward at each static width.
 
     Attributes: device; verify_widths / verify_ms: the target's verify forward (+ head + argmax) at each width
-    (root included); draft_widths / draft_ms: one draft forward (+ head + top-k) at each width.
+    (root included); draft_widths / draft_ms: one draft forward (+ head + top-k) at each width; ar_ms: the
+    target at width 1 (a plain decoding step).
     """
 
     device: str
@@ -38,6 +39,7 @@ class CostProfile:
     verify_ms: list[float]
     draft_widths: list[int]
     draft_ms: list[float]
+    ar_ms: float = 0.0  # one plain decoding step (width 1): the cost a tree must beat
 
     def verify_cost(self, nodes: int) -> float:
         """ms of verifying `nodes` tree nodes (+ the root) at the width bucket they fall in."""
@@ -95,8 +97,9 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
     tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
     v_ms = [_time_ms(verify, target, t_cache, tok(w), repeats=repeats) for w in verify_widths]
     d_ms = [_time_ms(run_draft, target, draft, d_cache, tok(w), repeats=repeats) for w in draft_widths]
+    ar = _time_ms(verify, target, t_cache, tok(1), repeats=repeats)
     return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
-                       draft_widths=list(draft_widths), draft_ms=d_ms)
+                       draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
 
 
 def profile_path(key: str) -> str:
@@ -124,7 +127,7 @@ def cached_profile(key: str, measure) -> CostProfile:
 
 
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:
-    return json.dumps({"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+    return json.dumps({"version": 2, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
                        "target": repr(target_cfg), "draft": draft_desc, "capacity": capacity,
                        "verify": list(verify_widths), "draft_widths": list(draft_widths)}, sort_keys=True)
 
@@ -134,22 +137,24 @@ class BudgetChooser:
     """Chooses (node budget N, depth cap D) maximising (E[τ] + 1) / step cost from running statistics.
 
     Attributes: profile; n_max, d_cap: the policy's static sizes; frontier: its draft width per level;
-    explore_every: every k-th request runs at the full budget, so the statistics of deep ranks stay fresh;
+    explore_every: every k-th request speculates even when the model says it does not pay (fresh statistics);
     accepted / offered: per priority rank, accepted nodes and steps whose budget offered that rank;
-    depth_hist: how many steps accepted exactly τ = d tokens; levels / steps: draft levels run and steps.
+    depth_hist: how many steps accepted exactly τ = d tokens; levels / steps: draft levels run and steps;
+    requests / choices: requests added to the statistics / budgets chosen.
     """
 
     profile: CostProfile
     n_max: int
     d_cap: int
     frontier: int
-    explore_every: int = 8
+    explore_every: int = 16
     accepted: np.ndarray = None
     offered: np.ndarray = None
     depth_hist: np.ndarray = None
     levels: float = 0.0
     steps: int = 0
     requests: int = 0
+    choices: int = 0
 
     def __post_init__(self):
         self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else self.accepted
@@ -191,9 +196,21 @@ class BudgetChooser:
 
     def speedup(self, n: int, d: int) -> float:
         """Model speedup over autoregressive decoding (one verify-width-1 forward per token)."""
-        return (self.expected_tau(n, d) + 1.0) * self.profile.verify_ms[0] / self.step_cost(n, d)
+        ar = self.profile.ar_ms or self.profile.verify_ms[0]
+        return (self.expected_tau(n, d) + 1.0) * ar / self.step_cost(n, d)
 
-    def choose(self) -> tuple[int, int]:
-        if self.steps == 0 or (self.explore_every and self.requests % self.explore_every == 0):
-            return self.n_max, self.d_cap
+    def best(self) -> tuple[int, int]:
         return max(self.candidates(), key=lambda nd: (self.speedup(*nd), -nd[0], -nd[1]))
+
+    def choose(self) -> tuple[int, int] | None:
+        """(N, D) for the next request; None when no tree is predicted to beat plain decoding on this device
+        (the caller then decodes autoregressively). Without statistics: the full budget. Every
+        `explore_every`-th request speculates at the best budget even when it does not pay, so that the
+        acceptance statistics (and with them the choice) can recover."""
+        self.choices += 1
+        if self.steps == 0:
+            return self.n_max, self.d_cap
+        nd = self.best()
+        if self.speedup(*nd) >= 1.0 or (self.explore_every and self.choices % self.explore_every == 0):
+            return nd
+        return None

@@ -19,7 +19,7 @@ def test_widths():
 
 def _chooser(verify_ms, accept_p):
     prof = budget.CostProfile(device="cpu", verify_widths=[2, 8, 32, 65], verify_ms=verify_ms,
-                              draft_widths=[1, 4, 16], draft_ms=[1.0, 1.0, 1.0])
+                              draft_widths=[1, 4, 16], draft_ms=[1.0, 1.0, 1.0], ar_ms=verify_ms[0] * 0.8)
     ch = budget.BudgetChooser(prof, n_max=64, d_cap=8, frontier=16)
     stats = type("S", (), dict(budget=(64, 8), steps=100, tau_trace=[], draft_forwards=101 + 100 * 3,
                                accepted_at=[0] + [int(100 * p) for p in accept_p]))
@@ -31,12 +31,14 @@ def test_chooser_follows_the_cost_curve():
     p = [0.6, 0.3, 0.1, 0.05] + [0.02] * 60  # acceptance by priority rank
     flat = _chooser([10.0, 10.0, 10.5, 11.0], p)  # TPU-like: verify cost flat in N
     steep = _chooser([10.0, 25.0, 60.0, 120.0], p)  # this CPU: wide trees cost several single steps
-    flat.requests = 8
-    assert flat.choose() == (64, 8)  # every 8th request explores the full budget
-    flat.requests = steep.requests = 1
+    fresh = budget.BudgetChooser(flat.profile, n_max=64, d_cap=8, frontier=16)
+    assert fresh.choose() == (64, 8)  # no statistics yet: the full budget
     assert flat.choose()[0] == 64
-    assert steep.choose()[0] == 1
     assert steep.speedup(1, 8) > steep.speedup(64, 8)
+    assert steep.choose() == steep.best() and steep.best()[0] == 1
+    slow = _chooser([10.0, 40.0, 80.0, 160.0], [0.1] + [0.0] * 63)  # nothing pays: plain decoding, except to explore
+    picks = [slow.choose() for _ in range(32)]
+    assert picks.count(None) >= 28 and all(p == slow.best() for p in picks if p is not None)
     np.testing.assert_allclose(flat.expected_tau(7, 8), sum(p[:7]), rtol=1e-6)
 
 
@@ -68,7 +70,8 @@ def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
         assert sum(g.stats.accepted_at[n + 1:]) == 0
     assert engine.compiles == compiles
     assert full.stats.budget == (16, 6)
-    auto = [engine.generate([prompt], policy=pol, max_new_tokens=24, budget="auto") for _ in range(2)]
+    auto = [engine.generate([prompt], policy=pol, max_new_tokens=24, budget="auto") for _ in range(3)]
     assert all(a.token_ids == ref for a in auto)
     assert auto[0].stats.budget == (16, 6)  # explores first
+    assert all(a.stats.budget == (0, 0) or a.stats.budget[0] <= 16 for a in auto[1:])
     assert engine.compiles == compiles
