@@ -1,7 +1,10 @@
-"""`python -m pgla_jax.attack`: invert clean and protected FL gradients, print a table or JSON, save a PNG grid.
+"""`python -m pgla_jax.attack`: protect FL gradients, denoise them, invert them; print a Markdown table or JSON and
+save PNG grids of the recovered images (OUT/results.md and OUT/results.json too).
 
-Bad input (unknown config or data path, ε ≤ 0, batch larger than the data, an existing output file without
---force, a denoiser that is not part 1) → one line on stderr and exit code 2.
+`--denoiser CKPT` is a diffusion checkpoint from `python -m pgla_jax.train_denoiser` (default: the shipped one for
+the paper's DLG LeNet; `none`: classical baselines only). Bad input (unknown config, data path or denoiser, ε ≤ 0,
+batch larger than the data, a checkpoint that does not fit the victim, an existing output file without --force)
+→ one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -39,6 +42,21 @@ def load_config(spec: str):
     return module.get_config()
 
 
+def _choices(allowed: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(t.strip() for t in text.split(",") if t.strip())
+        bad = [t for t in items if t not in allowed]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {', '.join(allowed)})")
+        return items
+
+    return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def _epsilons(text: str) -> tuple[float, ...]:
     try:
         eps = tuple(float(t) for t in text.split(",") if t.strip())
@@ -57,27 +75,30 @@ class _Parser(argparse.ArgumentParser):
 def parse(argv) -> argparse.Namespace:
     p = _Parser(prog="python -m pgla_jax.attack", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="mnist_lenet", help="configs/pgla/<name> or a .py file with get_config()")
-    p.add_argument("--denoiser", default="none", help="gradient denoiser: 'none' (the diffusion model: part 2)")
+    p.add_argument("--denoiser", default="shipped",
+                   help="diffusion checkpoint folder (train_denoiser's WORKDIR/denoiser), 'shipped' (default: the "
+                        "paper-setting LeNet checkpoint) or 'none' (classical baselines only)")
+    p.add_argument("--denoisers", type=_names,
+                   help="comma-separated denoisers to score (default: all available), e.g. none,wiener,diffusion")
+    p.add_argument("--attacked", type=_names, default=("none", "diffusion"),
+                   help="denoisers whose outputs are also attacked (default none,diffusion)")
     p.add_argument("--epsilons", type=_epsilons, help="comma-separated ε values, e.g. 1,10,50,100")
-    p.add_argument("--noise", choices=("gaussian", "laplace"))
-    p.add_argument("--calibration", choices=("paper", "dpsgd"))
+    p.add_argument("--noise", type=_choices(("gaussian", "laplace")), help="gaussian, laplace or both (comma)")
+    p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
     p.add_argument("--attack", choices=("dlg", "idlg", "ig"))
     p.add_argument("--images", type=int, help="number of private images attacked")
     p.add_argument("--batch-size", type=int, help="images per client gradient")
     p.add_argument("--iterations", type=int, help="attack iterations (L-BFGS or Adam steps)")
     p.add_argument("--data-path", help="data folder (CIFAR pickles, Fashion-MNIST IDX files)")
-    p.add_argument("--out", default="pgla_out", help="output folder for the PNG grid")
-    p.add_argument("--force", action="store_true", help="overwrite an existing figure")
+    p.add_argument("--out", default="pgla_out", help="output folder for the PNG grids and results.{md,json}")
+    p.add_argument("--force", action="store_true", help="overwrite existing outputs")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p.parse_args(argv)
 
 
 def build_config(args):
     cfg = load_config(args.config)
-    if args.denoiser != "none":
-        raise UsageError(f"denoiser {args.denoiser!r} is not available yet: the diffusion denoiser arrives with "
-                         "PGLA part 2; use --denoiser none")
-    prot = {k: v for k, v in (("noise", args.noise), ("calibration", args.calibration)) if v is not None}
+    prot = {k: v[0] for k, v in (("noise", args.noise), ("calibration", args.calibration)) if v is not None}
     att = {k: v for k, v in (("kind", args.attack), ("iterations", args.iterations)) if v is not None}
     top = {k: v for k, v in (("epsilons", args.epsilons), ("num_images", args.images),
                              ("batch_size", args.batch_size)) if v is not None}
@@ -92,43 +113,96 @@ def build_config(args):
                        attack=dataclasses.replace(cfg.attack, **att), **top)
 
 
+def denoiser_path(spec: str) -> str | None:
+    if spec == "none":
+        return None
+    if spec == "shipped":
+        from pgla_jax.denoise.store import shipped_path
+
+        spec = shipped_path()
+    if not os.path.isdir(spec):
+        raise UsageError(f"denoiser checkpoint {spec} not found")
+    return spec
+
+
+def markdown(rows, clean) -> str:
+    """The results as a Markdown table (image metrics with data range 1; '–' where a denoiser was not attacked)."""
+    cols = ("noise", "calibration", "epsilon", "noise_std", "denoiser", "t_star", "grad_cosine", "grad_psnr",
+            "image_psnr", "image_ssim", "label_accuracy")
+
+    def fmt(v):
+        if v is None:
+            return "–"
+        if isinstance(v, float):
+            return f"{v:.5f}" if abs(v) < 1 else f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in [{**clean, "noise": "clean", "denoiser": "–"}, *rows]:
+        lines.append("| " + " | ".join(fmt(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         cfg = build_config(args)
         os.makedirs(args.out, exist_ok=True)
-        p = cfg.protection
-        figure = os.path.join(args.out, f"pgla_{cfg.data.name.split('/')[0]}_{cfg.attack.kind}_{p.noise}_"
-                                        f"{p.calibration}.png")
-        if os.path.exists(figure) and not args.force:
-            raise UsageError(f"{figure} exists; pass --force to overwrite it or choose another --out")
+        noises = args.noise or (cfg.protection.noise,)
+        cals = args.calibration or (cfg.protection.calibration,)
+        settings = [(n, c) for n in noises for c in cals]
+        stem = f"pgla_{cfg.data.name.split('/')[0]}_{cfg.attack.kind}"
+        figures = [os.path.join(args.out, f"{stem}_{n}_{c}.png") for n, c in settings]
+        outputs = [*figures, os.path.join(args.out, "results.md"), os.path.join(args.out, "results.json")]
+        for path in outputs:
+            if os.path.exists(path) and not args.force:
+                raise UsageError(f"{path} exists; pass --force to overwrite it or choose another --out")
+        ckpt = denoiser_path(args.denoiser)
 
         # Heavy imports after the argument checks, so bad input fails fast.
         from tqdm import tqdm
 
+        from configs.checkpoint import CheckpointError
         from pgla_jax import data, experiment
+        from pgla_jax.codec import make_codec
+        from pgla_jax.denoise import denoisers as den
+        from pgla_jax.models import split_victim
 
         try:
             ds = data.load(cfg.data)
             experiment.validate(cfg, ds)
-        except ValueError as e:  # DataError is a ValueError
+            dens = den.load(ckpt, make_codec(split_victim(cfg.victim)[1], "image2d", 4))
+        except (ValueError, CheckpointError) as e:  # DataError is a ValueError
             raise UsageError(str(e)) from None
-        total = (cfg.num_images // cfg.batch_size) * (1 + len(cfg.epsilons))
+        names = args.denoisers or dens.names
+        unknown = [n for n in (*names, *args.attacked) if n not in dens.names]
+        if unknown:
+            raise UsageError(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
+        attacked = [n for n in args.attacked if n in names]
+        per_image = 1 + len(settings) * len(cfg.epsilons) * len(attacked)
+        total = (cfg.num_images // cfg.batch_size) * per_image
         with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
-            outcome = experiment.run(cfg, ds, progress=bar.update, denoiser=args.denoiser)
-        experiment.save_figure(outcome, figure, title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, "
-                                                      f"{p.noise} noise, {p.calibration} calibration")
+            outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,
+                                     attacked=attacked)
+        for (n, c), figure in zip(settings, figures):
+            experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
+                                   title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "
+                                         f"{c} calibration")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    result = {"results": outcome.rows, "clean": outcome.clean, "figure": figures[0], "figures": figures,
+              "denoiser_checkpoint": dens.path}
+    table = markdown(outcome.rows, outcome.clean)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
     if args.json:
-        print(json.dumps({"results": outcome.rows, "clean": outcome.clean, "figure": figure}))
+        print(json.dumps(result))
     else:
-        cols = ("epsilon", "noise_std", "grad_cosine", "grad_psnr", "image_psnr", "image_ssim", "label_accuracy")
-        print(" ".join(f"{c:>14}" for c in cols))
-        for r in [outcome.clean, *outcome.rows]:
-            print(" ".join(f"{'clean' if r[c] is None else format(r[c], '.4g'):>14}" for c in cols))
-        print(f"image PSNR/SSIM with data range 1.0; figure: {figure}")
+        print(table)
+        print(f"image PSNR/SSIM with data range 1.0; figures: {', '.join(figures)}")
     return 0
 
 

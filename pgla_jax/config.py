@@ -154,3 +154,7 @@ class DenoiserConfig:
     cond_max_std: float = 0.3  # conditional pairs: noise std log-uniform on [1e-4, this]
     checkpoint_every: int = 250
     seed: int = 0
+    # The DnCNN baseline, trained by the same command on the same gradients (blind: random noise levels).
+    dncnn_depth: int = 6
+    dncnn_width: int = 16
+    dncnn_steps: int = 300

@@ -1,13 +1,14 @@
 """One attack experiment: pick private images, compute clean and protected client gradients, invert both, score.
 
-This is the logic behind `python -m pgla_jax.attack`, importable from Colab. Part 1 has one gradient "denoiser",
-`none` (the protected gradient is attacked as received); the diffusion denoiser arrives with part 2.
+This is the logic behind `python -m pgla_jax.attack`, importable from Colab. Every protected gradient goes through
+each denoiser of `pgla_jax.denoise.denoisers` (the identity `none`, classical baselines, the diffusion model and its
+variants); gradient metrics are scored for all of them, and the attack is run on the outputs of `attacked` ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -16,28 +17,34 @@ import numpy as np
 
 from pgla_jax import data, fl, metrics, protections
 from pgla_jax.attacks import dlg, ig
+from pgla_jax.codec import make_codec
 from pgla_jax.config import ExperimentConfig
+from pgla_jax.denoise.denoisers import Denoisers
 from pgla_jax.models import split_victim
 
-DENOISERS = ("none",)
-
 _batch_grad = jax.jit(fl.batch_grad, static_argnums=0)
+
+#: Denoisers whose output is attacked by default (the others get gradient metrics only; attacks dominate the cost).
+ATTACKED = ("none", "diffusion")
 
 
 @dataclasses.dataclass
 class Outcome:
-    """Rows (one per (ε, denoiser)) in the CLI's JSON schema, and the image panels for the figure.
+    """Rows (one per (noise, calibration, ε, denoiser)) in the CLI's JSON schema, and image panels for figures.
 
     Attributes:
       rows: dicts with epsilon, noise, calibration, denoiser, t_star, grad_cosine, grad_psnr, image_psnr,
-        image_ssim, label_accuracy (+ noise_std, the effective std of the added noise).
+        image_ssim, label_accuracy (+ noise_std, the effective std of the added noise; image metrics are None for
+        denoisers whose output was not attacked).
       clean: the clean-gradient recovery as one row (epsilon None).
-      panels: name → [N, H, W, C] images: "original", "clean", then "eps=<ε>" per ε.
+      panels: (noise, calibration) → name → [N, H, W, C] images: "original", "clean", then "<denoiser> ε=<ε>".
+      psnr: (noise, calibration) → panel name → mean image PSNR (figure labels).
     """
 
     rows: list[dict[str, Any]]
     clean: dict[str, Any]
-    panels: dict[str, np.ndarray]
+    panels: dict[tuple[str, str], dict[str, np.ndarray]]
+    psnr: dict[tuple[str, str], dict[str, float]]
 
 
 def validate(cfg: ExperimentConfig, ds: data.ImageSet) -> None:
@@ -72,13 +79,15 @@ def attack_fn(cfg: ExperimentConfig) -> Callable:
         return lambda g, p, t, k: ig.ig(g, p, t, k, **kw)
     raise ValueError(f"unknown attack {cfg.attack.kind!r}")
 
+def _grad_scores(g_hat, g_clean) -> dict[str, float]:
+    return {"grad_cosine": float(metrics.grad_cosine(g_hat, g_clean)),
+            "grad_psnr": float(metrics.grad_psnr(g_hat, g_clean))}
 
-def _score(rec: dlg.Recovery, x, labels, g_sent, g_clean) -> tuple[dict[str, float], np.ndarray]:
+
+def _score(rec: dlg.Recovery, x, labels) -> tuple[dict[str, float], np.ndarray]:
     perm = metrics.match_order(rec.images, x)
     images = np.asarray(rec.images)[perm]
     return {
-        "grad_cosine": float(metrics.grad_cosine(g_sent, g_clean)),
-        "grad_psnr": float(metrics.grad_psnr(g_sent, g_clean)),
         "image_psnr": float(metrics.psnr(images, x, data_range=1.0).mean()),
         "image_ssim": float(metrics.ssim(images, x, data_range=1.0).mean()),
         "label_accuracy": float(metrics.label_accuracy(rec.labels, labels)),
@@ -89,75 +98,108 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
 
+_IMAGE_KEYS = ("image_psnr", "image_ssim", "label_accuracy")
+
+
 def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callable | None = None,
-        denoiser: str = "none") -> Outcome:
-    """Runs the experiment; `progress(n)` is called after each attack (n = 1) for a progress bar."""
-    if denoiser not in DENOISERS:
-        raise ValueError(f"denoiser {denoiser!r} is not available in part 1 (only 'none')")
+        denoisers: Denoisers | None = None, settings: Sequence[tuple[str, str]] | None = None,
+        names: Sequence[str] | None = None, attacked: Sequence[str] = ATTACKED) -> Outcome:
+    """Runs the experiment; `progress(n)` is called after each attack (n = 1) for a progress bar.
+
+    `settings`: (noise, calibration) pairs (default: the config's protection); `denoisers`: from
+    `pgla_jax.denoise.denoisers.load` (default: the baselines only); `names`: which of them (default all);
+    `attacked`: the denoisers whose output is also inverted by the attack.
+    """
     ds = data.load(cfg.data) if ds is None else ds
     validate(cfg, ds)
     x_all, y_all = data.pick(ds, cfg.num_images, cfg.data.seed)
     graphdef, params = split_victim(cfg.victim)
+    if denoisers is None:
+        denoisers = Denoisers(make_codec(params, "image2d", 4))
+    names = tuple(denoisers.names if names is None else names)
+    settings = tuple(settings or ((cfg.protection.noise, cfg.protection.calibration),))
     attack = attack_fn(cfg)
-    plans = {eps: protections.plan(cfg.protection, eps, cfg.batch_size) for eps in cfg.epsilons}
+    prots = {s: dataclasses.replace(cfg.protection, noise=s[0], calibration=s[1]) for s in settings}
+    plans = {(s, eps): protections.plan(prots[s], eps, cfg.batch_size) for s in settings for eps in cfg.epsilons}
     key = jax.random.key(cfg.attack.seed)
 
     clean_scores, clean_imgs = [], []
-    scores = {eps: [] for eps in cfg.epsilons}
-    imgs = {eps: [] for eps in cfg.epsilons}
+    grad = {}  # (setting, ε, name) -> list of grad score dicts
+    image = {}  # (setting, ε, name) -> list of image score dicts
+    imgs = {}  # (setting, ε, name) -> list of image batches
+    t_stars = {}
     for b in range(cfg.num_images // cfg.batch_size):
         sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
         x, labels = jnp.asarray(x_all[sl]), y_all[sl]
         y = fl.one_hot(jnp.asarray(labels), cfg.victim.num_classes)
         g_clean = _batch_grad(graphdef, params, x, y)
         k_b = jax.random.fold_in(key, b)
-        s, im = _score(attack(graphdef, params, g_clean, jax.random.fold_in(k_b, 0)), x, labels, g_clean, g_clean)
-        clean_scores.append(s)
+        s, im = _score(attack(graphdef, params, g_clean, jax.random.fold_in(k_b, 0)), x, labels)
+        clean_scores.append({**_grad_scores(g_clean, g_clean), **s})
         clean_imgs.append(im)
         progress and progress(1)
-        for i, eps in enumerate(cfg.epsilons):
-            k_noise, k_att = jax.random.split(jax.random.fold_in(k_b, i + 1))
-            g_sent = protections.protected_grad(graphdef, params, x, y, k_noise, cfg=cfg.protection,
-                                                noise_plan=plans[eps])
-            s, im = _score(attack(graphdef, params, g_sent, k_att), x, labels, g_sent, g_clean)
-            scores[eps].append(s)
-            imgs[eps].append(im)
-            progress and progress(1)
+        for si, setting in enumerate(settings):
+            for i, eps in enumerate(cfg.epsilons):
+                k_noise, k_att, k_den = jax.random.split(jax.random.fold_in(jax.random.fold_in(k_b, si + 1), i + 1), 3)
+                plan = plans[(setting, eps)]
+                g_sent = protections.protected_grad(graphdef, params, x, y, k_noise, cfg=prots[setting],
+                                                    noise_plan=plan)
+                for name in names:
+                    g_hat, t_star = denoisers.run(name, g_sent, plan, k_den)
+                    k = (setting, eps, name)
+                    t_stars[k] = t_star
+                    grad.setdefault(k, []).append(_grad_scores(g_hat, g_clean))
+                    if name in attacked:
+                        s, im = _score(attack(graphdef, params, g_hat, k_att), x, labels)
+                        image.setdefault(k, []).append(s)
+                        imgs.setdefault(k, []).append(im)
+                        progress and progress(1)
 
-    p = cfg.protection
-    rows = [
-        {"epsilon": float(eps), "noise": p.noise, "calibration": p.calibration, "denoiser": denoiser,
-         "t_star": None, **_mean(scores[eps]), "noise_std": plans[eps].std}
-        for eps in cfg.epsilons
-    ]
+    rows = []
+    for setting in settings:
+        for eps in cfg.epsilons:
+            for name in names:
+                k = (setting, eps, name)
+                img = _mean(image[k]) if k in image else dict.fromkeys(_IMAGE_KEYS)
+                rows.append({"epsilon": float(eps), "noise": setting[0], "calibration": setting[1], "denoiser": name,
+                             "t_star": t_stars[k], **_mean(grad[k]), **img,
+                             "noise_std": plans[(setting, eps)].std})
     clean = {"epsilon": None, "noise": None, "calibration": None, "denoiser": None, "t_star": None,
              **_mean(clean_scores), "noise_std": 0.0}
-    panels = {"original": np.asarray(x_all), "clean": np.concatenate(clean_imgs)}
-    panels.update({f"eps={eps:g}": np.concatenate(imgs[eps]) for eps in cfg.epsilons})
-    return Outcome(rows, clean, panels)
+    panels, psnr = {}, {}
+    for setting in settings:
+        panels[setting] = {"original": np.asarray(x_all), "clean": np.concatenate(clean_imgs)}
+        psnr[setting] = {"clean": clean["image_psnr"]}
+        for eps in cfg.epsilons:
+            for name in names:
+                k = (setting, eps, name)
+                if k in imgs:
+                    label = f"{name} ε={eps:g}"
+                    panels[setting][label] = np.concatenate(imgs[k])
+                    psnr[setting][label] = _mean(image[k])["image_psnr"]
+    return Outcome(rows, clean, panels, psnr)
 
 
-def save_figure(outcome: Outcome, path: str, title: str = "") -> str:
-    """PNG grid: one row per panel (original / recovered from clean / recovered at each ε), one column per image."""
+def save_figure(panels: dict[str, np.ndarray], psnr_of: dict[str, float], path: str, title: str = "") -> str:
+    """PNG grid: one row per panel (original / recovered from clean / from protected and denoised gradients at each
+    ε), one column per image; row labels carry the mean PSNR."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(outcome.panels)
-    n = outcome.panels["original"].shape[0]
-    fig, axes = plt.subplots(len(names), n, figsize=(1.3 * n + 1.2, 1.3 * len(names) + 0.4), squeeze=False)
-    psnr_of = {f"eps={r['epsilon']:g}": r["image_psnr"] for r in outcome.rows}
-    psnr_of["clean"] = outcome.clean["image_psnr"]
+    names = list(panels)
+    n = panels["original"].shape[0]
+    fig, axes = plt.subplots(len(names), n, figsize=(1.3 * n + 1.6, 1.1 * len(names) + 0.4), squeeze=False)
     for r, name in enumerate(names):
         for c in range(n):
             ax = axes[r, c]
-            im = np.clip(outcome.panels[name][c], 0.0, 1.0)
+            im = np.clip(panels[name][c], 0.0, 1.0)
             ax.imshow(im[..., 0] if im.shape[-1] == 1 else im, cmap="gray", vmin=0.0, vmax=1.0)
             ax.set_xticks([])
             ax.set_yticks([])
         label = name if name not in psnr_of else f"{name}\n{psnr_of[name]:.1f} dB"
-        axes[r, 0].set_ylabel(label, fontsize=8)
+        axes[r, 0].set_ylabel(label, fontsize=7, rotation=0, ha="right", va="center")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -1,6 +1,7 @@
 """`python -m pgla_jax.train_denoiser`: build the clean surrogate-gradient data set, then train the gradient diffusion
-model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, WORKDIR/state/ and the final
-checkpoint WORKDIR/denoiser/ (then `python -m pgla_jax.attack --denoiser WORKDIR/denoiser`).
+model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, WORKDIR/state/, the final
+checkpoint WORKDIR/denoiser/ and the DnCNN baseline WORKDIR/dncnn/; then
+`python -m pgla_jax.attack --denoiser WORKDIR/denoiser`.
 
 Bad input (unknown config, an unusable --steps or --workdir, a state written by another config) → one line on
 stderr and exit code 2.
@@ -35,7 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="denoiser_lenet", help="configs/pgla/<name> returning a DenoiserConfig")
     p.add_argument("--workdir", required=True, help="folder for the data set, the training state and the result")
     p.add_argument("--data-dir", help="gradient data set folder (default WORKDIR/gradients)")
-    p.add_argument("--steps", type=int, help="override the number of training steps")
+    p.add_argument("--steps", type=int, help="override the number of training steps (a new schedule: new workdir)")
+    p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
     try:
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         cfg = load_config(args.config)
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
             if args.steps < 1:
                 raise UsageError(f"--steps must be ≥ 1, got {args.steps}")
             cfg = dataclasses.replace(cfg, steps=args.steps)
+        if args.max_steps is not None and args.max_steps < 1:
+            raise UsageError(f"--max-steps must be ≥ 1, got {args.max_steps}")
         if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
             raise UsageError(f"--workdir {args.workdir} exists and is not a folder")
         data_dir = args.data_dir or os.path.join(args.workdir, "gradients")
@@ -51,19 +55,28 @@ def main(argv=None) -> int:
 
         from configs.checkpoint import CheckpointError
         from pgla_jax.data import DataError
-        from pgla_jax.denoise import gradients, train
+        from pgla_jax.denoise import dncnn, gradients, train
 
         t0 = time.time()
         try:
             with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr) as bar:
                 gradients.build(cfg.gradients, data_dir, progress=bar.update)
-            with tqdm(total=cfg.steps, desc="denoiser", file=sys.stderr) as bar:
+            stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
+            with tqdm(total=stop, desc="denoiser", file=sys.stderr) as bar:
 
                 def progress(loss):
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}")
 
-                out = train.train(cfg, data_dir, args.workdir, progress=progress)
+                out = train.train(cfg, data_dir, args.workdir, progress=progress, max_steps=args.max_steps)
+            if cfg.dncnn_steps and not os.path.isdir(os.path.join(args.workdir, "dncnn")):
+                with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr) as bar:
+
+                    def progress_dncnn(loss):
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.4f}")
+
+                    dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn)
         except (DataError, CheckpointError, ValueError) as e:
             raise UsageError(str(e)) from None
     except UsageError as e:

@@ -14,7 +14,7 @@ def get_config() -> DenoiserConfig:
         unet=UNetConfig(width=16, mults=(1, 2, 4), groups=4, heads=4, head_dim=8, cond_channels=1),
         gradients=GradientDataConfig(victim=VictimConfig(), steps=250, per_step=16, lr=1e-3),
         layout="image2d",
-        batch_size=4,
+        batch_size=2,
         steps=300,
         lr=1e-3,
         focus_t=32,

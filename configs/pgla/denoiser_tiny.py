@@ -17,4 +17,5 @@ def get_config() -> DenoiserConfig:
         steps=4,
         lr=1e-3,
         checkpoint_every=2,
+        dncnn_steps=2,
     )

@@ -24,7 +24,8 @@ SHIPPED = "lenet28"
 
 
 def shipped_path(name: str = SHIPPED) -> str:
-    return os.fspath(importlib.resources.files("pgla_jax") / "assets" / "denoiser" / name)
+    """pgla_jax/assets/<name>/denoiser (its DnCNN baseline beside it in …/dncnn)."""
+    return os.fspath(importlib.resources.files("pgla_jax") / "assets" / name / "denoiser")
 
 
 def str_keys(tree):

@@ -8,6 +8,7 @@ resumable training state written every `checkpoint_every` steps. Every random dr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -49,9 +50,18 @@ def loss_fn(graphdef, params, x0, mask, key, cfg: DenoiserConfig, sched: ddpm.Sc
     return ddpm.huber_loss(eps_hat, eps, mask)
 
 
+def _diffusion_fields(cfg: DenoiserConfig) -> DenoiserConfig:
+    # The DnCNN baseline's fields do not touch the diffusion training state.
+    return dataclasses.replace(cfg, dncnn_depth=0, dncnn_width=0, dncnn_steps=0)
+
+
 def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callable | None = None,
-          mesh=None, log: Callable | None = None) -> str:
-    """Trains (or resumes) in `workdir`; returns the path of the final denoiser checkpoint `workdir/denoiser`."""
+          mesh=None, log: Callable | None = None, max_steps: int | None = None) -> str:
+    """Trains (or resumes) in `workdir`; returns the path of the final denoiser checkpoint `workdir/denoiser`.
+
+    `max_steps`: stop after this many steps of the configured run (its learning-rate schedule unchanged) and write
+    the denoiser from the EMA weights there; rerunning without it resumes towards `cfg.steps`.
+    """
     codec = store.make_codec(cfg)
     src, size = gradients.source(data_dir)
     if size != codec.size:
@@ -68,7 +78,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     state_dir = os.path.join(workdir, "state")
     if os.path.isdir(state_dir):
         tree, saved_cfg, _ = store.load(state_dir, STATE_KIND)
-        if saved_cfg != cfg:
+        if _diffusion_fields(saved_cfg) != _diffusion_fields(cfg):
             raise ValueError(f"{state_dir} was written with another config; use a new --workdir")
         params, ema = _restored(graphdef, params, tree["params"]), _restored(graphdef, params, tree["ema"])
         leaves, treedef = jax.tree.flatten(opt_state)
@@ -97,7 +107,8 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     with sharding.use(mesh, "train"):
         repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         params, opt_state, ema = jax.device_put((params, opt_state, ema), repl)
-        for step in range(step0, cfg.steps):
+        stop = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
+        for step in range(step0, stop):
             idx = gradients.batch_indices(step, cfg.batch_size, n, cfg.seed)
             x0 = encode(jnp.asarray(np.stack([src[int(i)] for i in idx])))
             x0 = jax.device_put(x0, sharding.named_sharding(("batch",) + (None,) * (x0.ndim - 1), x0.shape))
@@ -105,11 +116,12 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
             progress and progress(float(loss))
             if log and (step % 50 == 0 or step == cfg.steps - 1):
                 log(f"step {step} loss {float(loss):.5f}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop:
                 save_state(step + 1)
+        done = max(step0, stop)
     out = os.path.join(workdir, "denoiser")
     store.save(out, store.to_pure(ema), cfg, overwrite=True,
-               provenance={"steps": cfg.steps, "ema_decay": EMA_DECAY, "data": os.path.abspath(data_dir)})
+               provenance={"steps": done, "ema_decay": EMA_DECAY, "data": os.path.abspath(data_dir)})
     return out
 
 

@@ -16,7 +16,7 @@ def test_cli_json_and_figure(tmp_path, capsys):
     out = tmp_path / "run"
     # The paper's setting on 2 digits, at the iteration count whose DLG program test_attacks already compiled.
     argv = ["--config", "mnist_lenet", "--epsilons", "1,100", "--images", "2", "--iterations", "500", "--out", str(out),
-            "--json"]
+            "--denoiser", "none", "--denoisers", "none", "--json"]
     assert attack.main(argv) == 0
     captured = capsys.readouterr()
     res = json.loads(captured.out)  # exactly one JSON object on stdout
@@ -40,7 +40,9 @@ def test_cli_json_and_figure(tmp_path, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["--epsilons", "0,1"], "epsilon"),
     (["--epsilons", "-3"], "epsilon"),
-    (["--denoiser", "ckpt/gd"], "part 2"),
+    (["--denoiser", "ckpt/gd"], "not found"),
+    (["--denoiser", "none", "--denoisers", "none,diffusion"], "not available"),
+    (["--noise", "gaussian,uniform"], "invalid choice"),
     (["--config", "no_such_config"], "unknown config"),
     (["--config", "cifar10_lenet", "--data-path", "/nonexistent/cifar"], "not found"),
     (["--config", "cifar10_lenet"], "not found"),
@@ -58,3 +60,33 @@ def test_real_process_exit_code(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("error:") and "Traceback" not in p.stderr
+
+
+def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
+    """A (tiny, untrained) diffusion checkpoint: rows for every (noise, ε, denoiser), t* from the noise, attacked
+    denoisers with image metrics and the others without, results.md / results.json beside the figures."""
+    from flax import nnx
+
+    from configs.pgla import denoiser_tiny
+    from pgla_jax.denoise import store
+    from pgla_jax.denoise.unet import UNet
+
+    cfg = denoiser_tiny.get_config()
+    ckpt = str(tmp_path / "denoiser")
+    store.save(ckpt, store.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
+    out = tmp_path / "run"
+    argv = ["--config", "digits_tiny", "--denoiser", ckpt, "--noise", "gaussian,laplace", "--epsilons", "1",
+            "--images", "1", "--iterations", "20", "--denoisers", "none,wiener,diffusion,diffusion_released",
+            "--out", str(out), "--json"]
+    assert attack.main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = {(r["noise"], r["denoiser"]): r for r in res["results"]}
+    assert len(res["results"]) == 8 and len(res["figures"]) == 2
+    assert rows[("gaussian", "diffusion")]["t_star"] == 24 and rows[("laplace", "diffusion")]["t_star"] == 6
+    assert rows[("laplace", "diffusion_released")]["t_star"] == 4 and rows[("gaussian", "none")]["t_star"] is None
+    assert rows[("gaussian", "wiener")]["image_psnr"] is None and rows[("gaussian", "diffusion")]["image_psnr"] > 0
+    assert (out / "results.md").read_text().count("\n") == 2 + 1 + 8
+    assert json.loads((out / "results.json").read_text())["results"] == res["results"]
+    # The same checkpoint on the 28×28 victim does not fit: one line, exit 2.
+    assert attack.main(["--config", "mnist_lenet", "--denoiser", ckpt, "--out", str(tmp_path / "x")]) == 2
+    assert "trained for a victim" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""Every gradient denoiser by name, behind one call: `Denoisers.run(name, g_sent, plan, key) -> (ĝ, t*)`.
+
+Names (the `denoiser` column of the attack's JSON):
+
+* ``none``: the protected gradient as received (identity);
+* ``gaussian_filter``, ``wiener`` (told the true noise variance), ``dncnn`` (trained, blind): baselines;
+* ``diffusion``: the paper's adaptive Mjölnir done right (σ_eff → t*, √n scaling, ancestral loop from t*);
+* ``diffusion_ddim``, ``diffusion_oneshot``: other reverse processes from the same t*;
+* ``diffusion_nonadaptive``: from a fixed step on the unscaled gradient (`NONADAPTIVE_T`);
+* ``diffusion_conditional``: ancestral loop with the observation as a condition channel (conditional checkpoints);
+* ``diffusion_released``: the released code (b for Laplace, a loop that never iterates), for comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pgla_jax import codec as codec_lib
+from pgla_jax.config import DenoiserConfig
+from pgla_jax.denoise import baselines, ddpm, dncnn, sampling, store
+from pgla_jax.denoise.unet import UNet
+from pgla_jax.protections import NoisePlan
+
+BASELINES = ("none", "gaussian_filter", "wiener", "dncnn")
+DIFFUSION = ("diffusion", "diffusion_ddim", "diffusion_oneshot", "diffusion_nonadaptive", "diffusion_conditional",
+             "diffusion_released")
+_METHOD = {"diffusion": "ddpm", "diffusion_ddim": "ddim", "diffusion_oneshot": "oneshot",
+           "diffusion_nonadaptive": "nonadaptive", "diffusion_conditional": "conditional",
+           "diffusion_released": "released"}
+#: Non-adaptive start step (0-based): the paper's Gaussian ε = 1 start, used whatever the noise.
+NONADAPTIVE_T = 23
+#: Reverse-process model calls at most (respaced ancestral chain beyond): DP-SGD noise maps to t* ≈ 1000.
+MAX_STEPS = 100
+
+
+def _unet_apply(graphdef, params, x, t, cond):
+    return nnx.merge(graphdef, params)(x, t, cond)
+
+
+def _dncnn_apply(graphdef, params, y):
+    return nnx.merge(graphdef, params)(y)
+
+
+@dataclasses.dataclass
+class Denoisers:
+    """The denoisers available for one victim layout; diffusion ones only with a U-Net checkpoint.
+
+    Attributes:
+      codec: gradient pytree ↔ image.
+      cfg: the checkpoint's config (None for baselines only).
+      schedule: the DDPM schedule.
+      unet / dncnn: (graphdef, params) or None.
+      path: the U-Net checkpoint path (reported).
+    """
+
+    codec: codec_lib.GradientCodec
+    cfg: DenoiserConfig | None = None
+    schedule: ddpm.Schedule = dataclasses.field(default_factory=ddpm.linear_schedule)
+    unet: tuple | None = None
+    dncnn: tuple | None = None
+    path: str | None = None
+    max_steps: int = MAX_STEPS
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        out = [n for n in BASELINES if n != "dncnn" or self.dncnn is not None]
+        if self.unet is not None:
+            out += [n for n in DIFFUSION if n != "diffusion_conditional" or self.cfg.unet.cond_channels]
+        return tuple(out)
+
+    def start_index(self, name: str, plan: NoisePlan) -> int:
+        """0-based start step of a diffusion denoiser for this noise (the JSON's t_star is this + 1)."""
+        if name == "diffusion_nonadaptive":
+            return NONADAPTIVE_T
+        sigma = ddpm.effective_sigma(plan.noise, plan.scale, released=name == "diffusion_released")
+        return ddpm.t_index(self.schedule, sigma)
+
+    def run(self, name: str, g_sent, plan: NoisePlan, key) -> tuple[object, int | None]:
+        """(denoised gradient pytree, the paper's 1-based t* or None)."""
+        if name == "none":
+            return g_sent, None
+        y = self.codec.encode(g_sent)
+        if name == "gaussian_filter":
+            return self.codec.decode(baselines.gaussian_filter(y)), None
+        if name == "wiener":
+            return self.codec.decode(baselines.wiener(y, jnp.float32(plan.std**2))), None
+        if name == "dncnn":
+            graphdef, params = self.dncnn
+            return self.codec.decode(_dncnn_call(graphdef, params, y[None])[0]), None
+        if name not in _METHOD or self.unet is None:
+            raise ValueError(f"unknown or unavailable denoiser {name!r}; available: {', '.join(self.names)}")
+        ti = self.start_index(name, plan)
+        k_pad, k_run = jax.random.split(key)
+        # The sent gradient has noise on the real entries only; put the same noise on the padding, so the whole
+        # image is a sample of q(x_t* | x_0) as in training (the released code noised its padding too).
+        pad = 1.0 - self.codec.mask()
+        y = y + pad * plan.std * jax.random.normal(k_pad, y.shape)
+        graphdef, params = self.unet
+        out = sampling.denoise(functools.partial(_unet_apply, graphdef), params, y[None], jnp.float32(plan.std),
+                               jnp.int32(ti), k_run, schedule=self.schedule, method=_METHOD[name],
+                               max_steps=self.max_steps)
+        return self.codec.decode(out[0]), ti + 1
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _dncnn_call(graphdef, params, y):
+    return _dncnn_apply(graphdef, params, y)
+
+
+def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
+    """The denoisers of a checkpoint folder: `path` is a U-Net checkpoint (`…/denoiser`) whose sibling `…/dncnn`
+    (if present) is the DnCNN baseline; None gives the classical baselines only (on `codec`'s layout). Raises
+    `CheckpointError` / `ValueError` (one line) for a checkpoint trained for another victim."""
+    if path is None:
+        return Denoisers(codec)
+    tree, cfg, _ = store.load(path)
+    want = store.make_codec(cfg)
+    if want.shapes != codec.shapes:
+        raise ValueError(f"denoiser {path} was trained for a victim with {want.size} gradient entries "
+                         f"{list(want.shapes)[:2]}...; this victim has {codec.size}")
+    model = UNet(cfg.unet, rngs=nnx.Rngs(0))
+    store.load_pure(model, tree)
+    unet = nnx.split(model, nnx.Param)
+    dn = None
+    sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "dncnn")
+    if os.path.isdir(sibling):
+        dn = nnx.split(dncnn.restore(sibling)[0], nnx.Param)
+    return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), unet, dn, os.path.abspath(path))

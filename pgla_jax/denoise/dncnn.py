@@ -1,0 +1,88 @@
+"""A small DnCNN (Zhang et al. 2017) baseline: residual learning of the noise with a plain conv stack, trained on the
+same clean surrogate gradients with synthetic noise of random level (a blind denoiser, unlike the adaptive DDPM
+that is told σ)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Array, Float
+
+from configs import sharding
+from pgla_jax.config import DenoiserConfig
+from pgla_jax.denoise import gradients, store
+
+KIND = "pgla-dncnn"
+SIGMA_RANGE = (1e-4, 0.3)  # log-uniform training noise std: the paper calibration's range and a bit beyond
+
+
+class DnCNN(nnx.Module):
+    """conv+ReLU, (conv+GroupNorm+ReLU) × (depth − 2), conv; returns y − noise estimate."""
+
+    def __init__(self, depth: int, width: int, *, rngs: nnx.Rngs):
+        self.first = nnx.Conv(1, width, (3, 3), rngs=rngs)
+        self.mid = nnx.List([nnx.Conv(width, width, (3, 3), use_bias=False, rngs=rngs) for _ in range(depth - 2)])
+        self.norms = nnx.List([nnx.GroupNorm(width, num_groups=4, rngs=rngs) for _ in range(depth - 2)])
+        self.last = nnx.Conv(width, 1, (3, 3), rngs=rngs)
+
+    def noise(self, y: Float[Array, "B H W 1"]) -> Float[Array, "B H W 1"]:
+        h = jax.nn.relu(self.first(sharding.shard(y, ("batch", "height", "width", None))))
+        for conv, norm in zip(self.mid, self.norms):
+            h = jax.nn.relu(norm(conv(h)))
+        return self.last(h)
+
+    def __call__(self, y):
+        return y - self.noise(y)
+
+
+def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable | None = None) -> str:
+    """Trains the DnCNN for `cfg.dncnn_steps` steps; writes and returns `workdir/dncnn`."""
+    codec = store.make_codec(cfg)
+    src, _ = gradients.source(data_dir)
+    model = DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(cfg.seed))
+    graphdef, params = nnx.split(model, nnx.Param)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(optax.cosine_decay_schedule(1e-3, cfg.dncnn_steps,
+                                                                                             0.1)))
+    opt_state = opt.init(params)
+    mask = codec.mask()
+    lo, hi = np.log(SIGMA_RANGE[0]), np.log(SIGMA_RANGE[1])
+
+    @jax.jit
+    def step(params, opt_state, x0, i):
+        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed + 1), i))
+        sigma = jnp.exp(jax.random.uniform(k1, (x0.shape[0], 1, 1, 1), minval=lo, maxval=hi))
+        noise = sigma * jax.random.normal(k2, x0.shape)
+
+        def loss(p):
+            # Relative to σ² (floored at 0.01², below which the noise is negligible for every metric here), so that
+            # the large-noise examples do not drown the small-noise ones nor the tiniest ones everything else.
+            err = (nnx.merge(graphdef, p).noise(x0 + noise) - noise) ** 2 / (sigma**2 + 1e-4)
+            return (err * mask).sum() / (mask.sum() * x0.shape[0])
+
+        value, g = jax.value_and_grad(loss)(params)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
+    n = len(src)
+    for i in range(cfg.dncnn_steps):
+        idx = gradients.batch_indices(i, cfg.batch_size, n, cfg.seed + 1)
+        x0 = encode(jnp.asarray(np.stack([src[int(j)] for j in idx])))
+        params, opt_state, value = step(params, opt_state, x0, i)
+        progress and progress(float(value))
+    out = os.path.join(workdir, "dncnn")
+    store.save(out, store.to_pure(params), cfg, kind=KIND, overwrite=True)
+    return out
+
+
+def restore(path: str) -> tuple[DnCNN, DenoiserConfig]:
+    tree, cfg, _ = store.load(path, KIND)
+    model = DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(0))
+    store.load_pure(model, tree)
+    return model, cfg

@@ -1,0 +1,114 @@
+"""PGLA part 2 parts: U-Net shapes and data parallelism, baselines, the gradient data set, checkpoints, denoisers."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import sharding
+from configs.pgla import denoiser_tiny
+from pgla_jax import codec, fl, protections
+from pgla_jax.config import DataConfig, GradientDataConfig, ProtectionConfig, UNetConfig, VictimConfig
+from pgla_jax.denoise import baselines, denoisers, gradients, store
+from pgla_jax.denoise.unet import UNet
+
+TINY = UNetConfig(width=8, mults=(1, 2), groups=2, heads=2, head_dim=4)
+
+
+def test_unet_shapes_2d_1d_and_conditional():
+    for cfg, shape in [(TINY, (2, 8, 8, 1)), (dataclasses.replace(TINY, dims=1), (2, 16, 1)),
+                       (dataclasses.replace(TINY, cond_channels=1), (2, 8, 8, 1))]:
+        m = UNet(cfg, rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(0), shape)
+        out = m(x, jnp.array([0, 500]), x if cfg.cond_channels else None)
+        assert out.shape == shape and bool(jnp.all(jnp.isfinite(out)))
+        # The time embedding matters: two different steps give different ε̂ for the same input.
+        assert float(jnp.abs(m(x[:1], jnp.array([0])) - m(x[:1], jnp.array([900]))).max()) > 1e-4
+
+
+def test_unet_data_parallel_matches_single_device(devices):
+    m = UNet(TINY, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(m)
+    x = jax.random.normal(jax.random.key(1), (8, 8, 8, 1))
+    t = jnp.arange(8) * 100
+    f = jax.jit(lambda p, x, t: nnx.merge(graphdef, p)(x, t))
+    ref = f(params, x, t)
+    mesh = sharding.make_mesh(data=-1)
+    with sharding.use(mesh, "train"):
+        xs = jax.device_put(x, sharding.named_sharding(("batch", None, None, None), x.shape))
+        out = jax.jit(lambda p, x, t: nnx.merge(graphdef, p)(x, t))(params, xs, t)
+    assert len(out.sharding.device_set) == 8
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-4)
+
+
+def test_baselines_on_a_smooth_image():
+    yy, xx = np.mgrid[0:32, 0:32] / 32.0
+    clean = jnp.asarray(np.sin(3 * xx) * np.cos(2 * yy), jnp.float32)[..., None]
+    noisy = clean + 0.1 * jax.random.normal(jax.random.key(0), clean.shape)
+    mse = lambda a: float(jnp.mean((a - clean) ** 2))  # noqa: E731
+    assert mse(baselines.wiener(noisy, jnp.float32(0.01))) < 0.4 * mse(noisy)
+    assert mse(baselines.gaussian_filter(noisy)) < mse(noisy)
+    # Told there is no noise, the Wiener filter is the identity; a constant image passes the blur unchanged.
+    np.testing.assert_allclose(np.asarray(baselines.wiener(noisy, jnp.float32(0.0))), np.asarray(noisy), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(baselines.gaussian_filter(jnp.full((8, 8, 1), 0.3))), 0.3, atol=1e-6)
+
+
+def test_gradient_data_set_is_the_surrogate_trajectory(tmp_path):
+    cfg = GradientDataConfig(victim=VictimConfig(image_shape=(8, 8, 1)), data=DataConfig(name="digits"), steps=2,
+                             per_step=3, lr=0.5)
+    gradients.build(cfg, str(tmp_path))
+    src, size = gradients.source(str(tmp_path))
+    assert len(src) == 6 and size == 8026 and src[0].dtype == np.float32
+    # Step 0's records are batch-1 gradients at the global (victim) weights; step 1's are after one SGD step.
+    from pgla_jax import data
+    from pgla_jax.models import split_victim
+
+    ds = data.load(cfg.data)
+    idx = np.random.default_rng(cfg.seed).choice(len(ds.labels), 3, replace=False)
+    graphdef, params = split_victim(cfg.victim)
+    g = fl.batch_grad(graphdef, params, jnp.asarray(ds.images[idx[:1]]), fl.one_hot(jnp.asarray(ds.labels[idx[:1]]),
+                                                                                       10))
+    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
+    np.testing.assert_allclose(src[0], flat, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(src[3], src[0])
+    # Batches are a pure function of the step: a resumed run sees the same ones, and an epoch covers everything.
+    assert np.array_equal(gradients.batch_indices(5, 4, 6, 0), gradients.batch_indices(5, 4, 6, 0))
+    assert sorted(np.concatenate([gradients.batch_indices(s, 3, 6, 0) for s in range(2)])) == list(range(6))
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    """An untrained tiny conditional U-Net checkpoint for the 8×8 digits LeNet (saving needs no training)."""
+    cfg = denoiser_tiny.get_config()
+    path = str(tmp_path_factory.mktemp("ckpt") / "denoiser")
+    store.save(path, store.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
+    return path, cfg
+
+
+def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
+    path, cfg = tiny_ckpt
+    graphdef, params = __import__("pgla_jax.models", fromlist=["split_victim"]).split_victim(cfg.gradients.victim)
+    c = codec.make_codec(params, "image2d", 4)
+    dens = denoisers.load(path, c)
+    assert dens.cfg == cfg and dens.codec.shape == (90, 90, 1)  # 8,026 entries; the tiny U-Net halves once
+    assert set(dens.names) == {"none", "gaussian_filter", "wiener", *denoisers.DIFFUSION}
+    x = jnp.full((1, 8, 8, 1), 0.5)
+    g = fl.batch_grad(graphdef, params, x, fl.one_hot(jnp.array([3]), 10))
+    plan = protections.plan(ProtectionConfig(noise="laplace"), 1.0, 1)
+    g_sent = protections.protected_grad(graphdef, params, x, fl.one_hot(jnp.array([3]), 10), jax.random.key(0),
+                                        cfg=ProtectionConfig(noise="laplace"), noise_plan=plan)
+    t = {}
+    for name in dens.names:
+        out, t[name] = dens.run(name, g_sent, plan, jax.random.key(1))
+        assert jax.tree.structure(out) == jax.tree.structure(g)
+        assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(out))
+    # Laplace b = 0.02 at ε = 1: t* = 6 with the std √2·b, 4 with the released b.
+    assert t["diffusion"] == 6 and t["diffusion_released"] == 4 and t["none"] is None
+    assert t["diffusion_nonadaptive"] == denoisers.NONADAPTIVE_T + 1
+    # A checkpoint for another victim is refused with a one-line reason.
+    _, lenet_params = lenet
+    with pytest.raises(ValueError, match="trained for a victim"):
+        denoisers.load(path, codec.make_codec(lenet_params, "image2d", 4))
