@@ -80,8 +80,8 @@ def parse(argv) -> argparse.Namespace:
                         "paper-setting LeNet checkpoint) or 'none' (classical baselines only)")
     p.add_argument("--denoisers", type=_names,
                    help="comma-separated denoisers to score (default: all available), e.g. none,wiener,diffusion")
-    p.add_argument("--attacked", type=_names, default=("none", "diffusion"),
-                   help="denoisers whose outputs are also attacked (default none,diffusion)")
+    p.add_argument("--attacked", type=_names,
+                   help="denoisers whose outputs are also attacked (default: none and diffusion, when available)")
     p.add_argument("--epsilons", type=_epsilons, help="comma-separated ε values, e.g. 1,10,50,100")
     p.add_argument("--noise", type=_choices(("gaussian", "laplace")), help="gaussian, laplace or both (comma)")
     p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
@@ -175,10 +175,10 @@ def main(argv=None) -> int:
         except (ValueError, CheckpointError) as e:  # DataError is a ValueError
             raise UsageError(str(e)) from None
         names = args.denoisers or dens.names
-        unknown = [n for n in (*names, *args.attacked) if n not in dens.names]
+        unknown = [n for n in (*names, *(args.attacked or ())) if n not in dens.names]
         if unknown:
             raise UsageError(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
-        attacked = [n for n in args.attacked if n in names]
+        attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED) if n in names]
         per_image = 1 + len(settings) * len(cfg.epsilons) * len(attacked)
         total = (cfg.num_images // cfg.batch_size) * per_image
         with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:

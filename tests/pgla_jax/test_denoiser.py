@@ -14,19 +14,26 @@ from pgla_jax import codec, fl, protections
 from pgla_jax.config import DataConfig, GradientDataConfig, ProtectionConfig, UNetConfig, VictimConfig
 from pgla_jax.denoise import baselines, denoisers, gradients, store
 from pgla_jax.denoise.unet import UNet
+from pgla_jax.models import split_victim
 
 TINY = UNetConfig(width=8, mults=(1, 2), groups=2, heads=2, head_dim=4)
+
+
+def _jitted(graphdef):
+    return jax.jit(lambda p, x, t, c: nnx.merge(graphdef, p)(x, t, c))
 
 
 def test_unet_shapes_2d_1d_and_conditional():
     for cfg, shape in [(TINY, (2, 8, 8, 1)), (dataclasses.replace(TINY, dims=1), (2, 16, 1)),
                        (dataclasses.replace(TINY, cond_channels=1), (2, 8, 8, 1))]:
-        m = UNet(cfg, rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(UNet(cfg, rngs=nnx.Rngs(0)))
+        f = _jitted(graphdef)
         x = jax.random.normal(jax.random.key(0), shape)
-        out = m(x, jnp.array([0, 500]), x if cfg.cond_channels else None)
+        out = f(params, x, jnp.array([0, 900]), x if cfg.cond_channels else None)
         assert out.shape == shape and bool(jnp.all(jnp.isfinite(out)))
         # The time embedding matters: two different steps give different ε̂ for the same input.
-        assert float(jnp.abs(m(x[:1], jnp.array([0])) - m(x[:1], jnp.array([900]))).max()) > 1e-4
+        out2 = f(params, x[::-1][::-1], jnp.array([900, 0]), x if cfg.cond_channels else None)
+        assert float(jnp.abs(out - out2).max()) > 1e-4
 
 
 def test_unet_data_parallel_matches_single_device(devices):
@@ -64,7 +71,6 @@ def test_gradient_data_set_is_the_surrogate_trajectory(tmp_path):
     assert len(src) == 6 and size == 8026 and src[0].dtype == np.float32
     # Step 0's records are batch-1 gradients at the global (victim) weights; step 1's are after one SGD step.
     from pgla_jax import data
-    from pgla_jax.models import split_victim
 
     ds = data.load(cfg.data)
     idx = np.random.default_rng(cfg.seed).choice(len(ds.labels), 3, replace=False)
@@ -90,7 +96,7 @@ def tiny_ckpt(tmp_path_factory):
 
 def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
     path, cfg = tiny_ckpt
-    graphdef, params = __import__("pgla_jax.models", fromlist=["split_victim"]).split_victim(cfg.gradients.victim)
+    graphdef, params = split_victim(cfg.gradients.victim)
     c = codec.make_codec(params, "image2d", 4)
     dens = denoisers.load(path, c)
     assert dens.cfg == cfg and dens.codec.shape == (90, 90, 1)  # 8,026 entries; the tiny U-Net halves once
@@ -100,14 +106,15 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
     plan = protections.plan(ProtectionConfig(noise="laplace"), 1.0, 1)
     g_sent = protections.protected_grad(graphdef, params, x, fl.one_hot(jnp.array([3]), 10), jax.random.key(0),
                                         cfg=ProtectionConfig(noise="laplace"), noise_plan=plan)
-    t = {}
-    for name in dens.names:
-        out, t[name] = dens.run(name, g_sent, plan, jax.random.key(1))
+    for name in ("none", "wiener", "diffusion"):
+        out, t_star = dens.run(name, g_sent, plan, jax.random.key(1))
         assert jax.tree.structure(out) == jax.tree.structure(g)
         assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(out))
-    # Laplace b = 0.02 at ε = 1: t* = 6 with the std √2·b, 4 with the released b.
-    assert t["diffusion"] == 6 and t["diffusion_released"] == 4 and t["none"] is None
-    assert t["diffusion_nonadaptive"] == denoisers.NONADAPTIVE_T + 1
+    assert t_star == dens.start_index("diffusion", plan) + 1
+    # Laplace b = 0.02 at ε = 1: t* = 6 with the std √2·b, 4 with the released b; the non-adaptive step is fixed.
+    t = {name: dens.start_index(name, plan) + 1 for name in denoisers.DIFFUSION}
+    assert t["diffusion"] == t["diffusion_ddim"] == t["diffusion_conditional"] == 6
+    assert t["diffusion_released"] == 4 and t["diffusion_nonadaptive"] == denoisers.NONADAPTIVE_T + 1
     # A checkpoint for another victim is refused with a one-line reason.
     _, lenet_params = lenet
     with pytest.raises(ValueError, match="trained for a victim"):
