@@ -102,10 +102,17 @@ class Denoisers:
         pad = 1.0 - self.codec.mask()
         y = y + pad * plan.std * jax.random.normal(k_pad, y.shape)
         graphdef, params = self.unet
-        out = sampling.denoise(functools.partial(_unet_apply, graphdef), params, y[None], jnp.float32(plan.std),
+        out = sampling.denoise(_apply_for(graphdef), params, y[None], jnp.float32(plan.std),
                                jnp.int32(ti), k_run, schedule=self.schedule, method=_METHOD[name],
                                max_steps=self.max_steps)
         return self.codec.decode(out[0]), ti + 1
+
+
+@functools.lru_cache(maxsize=8)
+def _apply_for(graphdef):
+    # One function object per model structure: `denoise` takes it as a static argument, and a fresh partial per
+    # call would hash differently and recompile the whole reverse loop every time.
+    return functools.partial(_unet_apply, graphdef)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))

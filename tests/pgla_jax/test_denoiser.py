@@ -111,6 +111,12 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
         assert jax.tree.structure(out) == jax.tree.structure(g)
         assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(out))
     assert t_star == dens.start_index("diffusion", plan) + 1
+    # A second call (another ε, same shapes) reuses the compiled reverse loop.
+    from pgla_jax.denoise import sampling
+
+    before = sampling.denoise._cache_size()
+    dens.run("diffusion", g_sent, protections.plan(ProtectionConfig(noise="laplace"), 10.0, 1), jax.random.key(2))
+    assert sampling.denoise._cache_size() == before
     # Laplace b = 0.02 at ε = 1: t* = 6 with the std √2·b, 4 with the released b; the non-adaptive step is fixed.
     t = {name: dens.start_index(name, plan) + 1 for name in denoisers.DIFFUSION}
     assert t["diffusion"] == t["diffusion_ddim"] == t["diffusion_conditional"] == 6
