@@ -19,5 +19,15 @@ Part 1, the attack side (importable on its own; nothing heavy is imported here):
                   image_shape=(28, 28, 1))
     print(metrics.psnr(rec.images, x, data_range=1.0), rec.labels)
 
-Command line: ``python -m pgla_jax.attack --config mnist_lenet --images 4 --out runs/mnist``.
+Part 2, the gradient diffusion denoiser (`pgla_jax.denoise`)::
+
+    from pgla_jax.codec import make_codec
+    from pgla_jax.denoise import denoisers, store
+
+    dens = denoisers.load(store.shipped_path(), make_codec(params, "image2d", 4))   # U-Net + DnCNN + baselines
+    plan = protections.plan(cfg, epsilon=1.0, batch=1)
+    g_hat, t_star = dens.run("diffusion", g_dp, plan, jax.random.key(2))   # σ_eff → t*, √n·g', reverse loop
+
+Command lines: ``python -m pgla_jax.attack --config mnist_lenet --images 4 --out runs/mnist`` (the shipped denoiser by
+default) and ``python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet``.
 """
