@@ -52,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     except suite.BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = run.run_methods(s.runners, s.methods, s.prompts, progress=not args.no_progress)
+    meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
+
+    def partial(results):  # an interrupted long run still leaves every finished prompt in bench.json
+        run.write_json(os.path.join(args.out, "bench.json"), run.summarise(results), results, meta)
+
+    results = run.run_methods(s.runners, s.methods, s.prompts, progress=not args.no_progress, on_prompt=partial)
     rows = run.summarise(results)
     table = run.markdown(rows)
-    meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
     run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta)
     with open(os.path.join(args.out, "bench.json")) as fh:
         traces = __import__("json").load(fh)["traces"]

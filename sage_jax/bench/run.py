@@ -19,9 +19,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def run_methods(runners: dict, methods: list[Method], prompts: list[list[int]], *, progress: bool = True) -> dict:
+def run_methods(runners: dict, methods: list[Method], prompts: list[list[int]], *, progress: bool = True,
+                on_prompt=None) -> dict:
     """Per method: warm-up (compile) seconds, then per-prompt results. Methods are interleaved per prompt so
-    that a noisy machine affects them alike."""
+    that a noisy machine affects them alike. `on_prompt(results)` runs after every prompt (partial output)."""
     results: dict[str, dict] = {}
     for m in tqdm(methods, desc="compile", disable=not progress, leave=False):
         results[m.name] = {"method": m, "compile_seconds": runners[m.kind].warm_up(m, prompts[0]), "runs": [],
@@ -33,6 +34,8 @@ def run_methods(runners: dict, methods: list[Method], prompts: list[list[int]], 
             bar.set_postfix_str(m.name)
             results[m.name]["runs"].append(runners[m.kind].run(m, p))
             bar.update()
+        if on_prompt is not None:
+            on_prompt(results)
     bar.close()
     return results
 
