@@ -131,6 +131,7 @@ BAD = {
     "image_text_only": (["--target", "{tiny}", "--image", "{image}"], "text-only"),
     "draft_vocab": (["--target", "{tiny}", "--draft", "{other}"], "vocabulary"),
     "draft_layers": (["--target", "{tiny}", "--draft-layers", "5"], "layers"),
+    "draft_and_layers": (["--target", "{tiny}", "--draft", "{other}", "--draft-layers", "1"], "not both"),
     "prompt_too_long": (["--target", "{tiny}", "--draft-layers", "1", "--prompt", "tokens " * 400], "context"),
     "max_new_tokens": (["--max-new-tokens", "0"], "max-new-tokens"),
     "unknown_policy": (["--policy", "beam"], "invalid choice"),
@@ -158,7 +159,14 @@ def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, image, 
 
 @pytest.mark.slow
 def test_default_target_answers(cli_env):
-    """The shipped SmolLM2 target with its self-draft (~45-65 s on the 2-core box, mostly compilation)."""
-    out = _json(_cli(cli_env, "--max-new-tokens", "16", "--json", timeout=600))
+    """The shipped SmolLM2 target with its shipped draft head, compared with AR in the same process (~1-2 min on
+    the 2-core box, mostly compilation)."""
+    from sage_jax.io.load import default_draft
+
+    proc = _cli(cli_env, "--max-new-tokens", "32", "--compare", "--json", timeout=900)
+    out = _json(proc)
     assert out["policy"] == "sage" and out["text"].strip()
-    assert 1 <= len(out["token_ids"]) <= 16
+    assert 1 <= len(out["token_ids"]) <= 32
+    assert out["compare"]["identical"]
+    if default_draft() is not None:
+        assert "smollm2_eagle" in proc.stderr and out["stats"]["mean_accepted"] > 0.5

@@ -302,3 +302,19 @@ def test_cli_tiny_recipe_end_to_end(tmp_path):
 
     cfg, model, _ = load_lm(summary["lm"]["path"])
     assert cfg.vocab_size == 128 and cfg.n_layers == 2
+
+
+def test_shipped_draft_is_small_and_matches_the_default_target():
+    from sage_jax.io.load import default_draft
+
+    path = default_draft()
+    if path is None:
+        pytest.skip("no shipped draft in this checkout")
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    assert size <= 25 * 2**20
+    cfg, params, vocab_ids, meta = eagle.load_head(path)
+    target = LMConfig.from_json(meta["config"]["target"])
+    assert (target.d_model, target.vocab_size, target.n_layers) == (576, 49152, 30)  # SmolLM2-135M
+    assert cfg.n_layers == 1 and cfg.d_model == 576 and eagle.n_params(params) > 1_000_000
+    assert vocab_ids is not None and len(np.unique(vocab_ids)) == len(vocab_ids) == meta["config"]["vocab_size"]
+    assert set(target.eos_token_ids) <= set(np.asarray(vocab_ids).tolist())
