@@ -3,7 +3,7 @@ an 8,192-token draft vocabulary, self-distilled from the target's own greedy ans
 offline prompts (Python stdlib code / Python docs prose / WordNet general topics; 77k answer + 70k prompt tokens),
 with the target's features kept by the one-pass rollout, and trained with 2-level training-time test.
 
-Measured on the shared 2-core CPU box, 2026-11-30 (other jobs running): data 39 min (rollout), head 32 min
+Measured on the shared 2-core CPU box, 2026-11-30 (other jobs running): data 42 min (rollout), head 32 min
 (450 steps of 8 rows, ~4 s/step). Held-out (63 rows never trained on): teacher-forced top-1 agreement 0.36,
 greedy chain of 5: τ+1 1.69. 6.4 MB in bfloat16.
 
