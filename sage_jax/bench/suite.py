@@ -156,7 +156,8 @@ def _main_draft(args, cfg, target):
     if not os.path.exists(path):
         raise BadInput(f"no such draft: {path}")
     if _is_eagle_head(path):
-        return path, None, f"EAGLE head {path}"
+        shipped = args.draft is None  # the table names the shipped head, not this machine's install path
+        return path, None, "shipped EAGLE head (smollm2_eagle)" if shipped else f"EAGLE head {path}"
     try:
         dcfg, draft, _ = load_lm(path)
     except (OSError, ValueError) as e:
