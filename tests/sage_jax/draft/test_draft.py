@@ -137,9 +137,11 @@ def test_wordnet_prompts_split_and_avoid_benchmark_topics():
         pytest.skip("wordnet-base not installed")
     tr, he = wordnet.entries("train"), wordnet.entries("heldout")
     assert len(tr) > 1000 and len(he) > 100 and not {e[0] for e in tr} & {e[0] for e in he}
+    from sage_jax.bench.prompts import BENCH_PROMPTS
+
     texts = [t for _, t in wordnet.build_prompts(400, "train")]
     assert len(set(texts)) > 350
-    for _, text in EVAL_PROMPTS:
+    for _, text in (*EVAL_PROMPTS, *BENCH_PROMPTS):
         assert not any(text in t or t in text for t in texts)
 
 
