@@ -20,7 +20,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 SIZES = {  # name: (layers, d_model, heads, kv heads, mlp, vocab); "tiny" is a CPU smoke check of this script
     "tiny": (2, 64, 4, 2, 128, 512),
@@ -32,13 +31,10 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _time(fn, *args, repeats=10):
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+    """Median milliseconds after a warm-up call: the same timer as the cost profile of `--budget auto`."""
+    from sage_jax.decoding.budget import _time_ms
+
+    return _time_ms(fn, *args, repeats=repeats)
 
 
 def random_lm(name: str, dtype="bfloat16"):
