@@ -16,6 +16,13 @@ Methods:
 * ``released``: the released `p_sample_loop` bug (a): every step denoises the *original* input, so the result is
   one t = 0 step applied to √n·g'. Reproduced for comparison only (with the released b-for-Laplace σ if the caller
   passes it).
+
+Exact start (``ddpm``, ``ddim``, ``oneshot``, ``conditional``): √n·g' sits at ᾱ = n exactly, between the grid steps
+t* − 1 and t*, while the released rule rounds up to t* (pgla.md §1.8 (f)). The first reverse step therefore uses
+ᾱ = n in its arithmetic and asks the model at the matching fractional time (linear in ᾱ between the two steps; the
+sinusoidal embedding takes any real t). Below the first step (n > ᾱ_1, ε ≥ 10 under the paper's calibration) the
+model is asked at step 1 and the correction is scaled by the true noise √(1 − n) rather than the step's: a tiny
+noise gets a tiny correction, and the model's own error cannot swamp a nearly clean gradient.
 """
 
 from __future__ import annotations
@@ -41,11 +48,26 @@ def _tables(s: ddpm.Schedule):
     return jnp.asarray(np.concatenate([[1.0], s.alphas_cumprod]), jnp.float32)
 
 
+def exact_start(schedule: ddpm.Schedule, t_index: Array, n: Array) -> tuple[Array, Array]:
+    """(ᾱ, model time) of the first reverse step for an input at ᾱ = n that the grid rounds to `t_index`.
+
+    ᾱ is n clipped into [ᾱ_{t_index}, ᾱ_{t_index − 1}] (so a caller's start step that does not bracket n falls back
+    to the grid step), the time is the 0-based fractional index at that ᾱ, clipped at 0.
+    """
+    ac = _tables(schedule)
+    a_hi, a_lo = ac[t_index], ac[t_index + 1]  # ᾱ one step before t_index (1 before the first step), at t_index
+    a = jnp.clip(n, a_lo, a_hi)
+    frac = (a_hi - a) / jnp.maximum(a_hi - a_lo, 1e-12)
+    return a, jnp.maximum(t_index.astype(jnp.float32) - 1.0 + frac, 0.0)
+
+
 def reverse(eps_fn, x: Float[Array, "B ..."], t_index: Array, key: PRNGKeyArray, *, schedule: ddpm.Schedule,
-            method: str = "ddpm", max_steps: int = 1000, cond=None, released: bool = False) -> Float[Array, "B ..."]:
+            method: str = "ddpm", max_steps: int = 1000, cond=None, released: bool = False,
+            start: tuple[Array, Array] | None = None) -> Float[Array, "B ..."]:
     """Runs the reverse process from step index `t_index` (traced int) down to 0 on x = x_{t*}.
 
-    `method` is "ddpm" (ancestral) or "ddim"; `released=True` is the released loop (every step on the input).
+    `method` is "ddpm" (ancestral) or "ddim"; `released=True` is the released loop (every step on the input);
+    `start`: (ᾱ, model time) of the first step (`exact_start`) instead of the grid's.
     """
     ac = _tables(schedule)
     b = x.shape[0]
@@ -61,43 +83,52 @@ def reverse(eps_fn, x: Float[Array, "B ..."], t_index: Array, key: PRNGKeyArray,
         t = step_at(k)
         s = jnp.where(k + 1 < count, step_at(k + 1), -1)  # the next step, -1: x_0
         src = x_in if released else x
-        eps = eps_fn(src, jnp.full((b,), t, jnp.int32), cond)
-        a_t, a_s = ac[t + 1], ac[s + 1]
+        a_t, a_s, tm = ac[t + 1], ac[s + 1], t.astype(jnp.float32)
+        if start is not None:
+            a_t, tm = jnp.where(k == 0, start[0], a_t), jnp.where(k == 0, start[1], tm)
+        eps = eps_fn(src, jnp.full((b,), tm, jnp.float32), cond)
         if method == "ddim" and not released:
             x0 = (src - jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(a_t)
             return jnp.sqrt(a_s) * x0 + jnp.sqrt(1.0 - a_s) * eps
         alpha = a_t / a_s  # 1 − β of the (possibly respaced) step t → s
-        mean = (src - (1.0 - alpha) / jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(alpha)
-        var = (1.0 - alpha) * (1.0 - a_s) / (1.0 - a_t)  # posterior variance β̃; 0 on the last step (a_s = 1)
+        one_minus = jnp.maximum(1.0 - a_t, 1e-12)  # 0 only for a noiseless input (σ = 0) at the exact start
+        mean = (src - (1.0 - alpha) / jnp.sqrt(one_minus) * eps) / jnp.sqrt(alpha)
+        var = (1.0 - alpha) * (1.0 - a_s) / one_minus  # posterior variance β̃; 0 on the last step (a_s = 1)
         z = jax.random.normal(jax.random.fold_in(key, k), x.shape)
         return mean + jnp.sqrt(var) * z
 
     return jax.lax.fori_loop(0, count, body, x)
 
 
-def oneshot(eps_fn, x, t_index, *, schedule: ddpm.Schedule, cond=None):
+def oneshot(eps_fn, x, t_index, *, schedule: ddpm.Schedule, cond=None, start: tuple[Array, Array] | None = None):
+    """x̂_0 = (x − √(1 − ᾱ)·ε̂)/√ᾱ from one model call (at the grid step, or at `start` = (ᾱ, model time))."""
     b = x.shape[0]
-    t = jnp.full((b,), t_index, jnp.int32)
-    return ddpm.predict_x0(schedule, x, t, eps_fn(x, t, cond))
+    a, tm = (_tables(schedule)[t_index + 1], t_index.astype(jnp.float32)) if start is None else start
+    eps = eps_fn(x, jnp.full((b,), tm, jnp.float32), cond)
+    return (x - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a)
 
 
-@functools.partial(jax.jit, static_argnames=("apply", "schedule", "method", "max_steps"))
+@functools.partial(jax.jit, static_argnames=("apply", "schedule", "method", "max_steps", "exact"))
 def denoise(apply, params, y: Float[Array, "B ..."], sigma: Float[Array, ""], t_index: Array, key: PRNGKeyArray, *,
-            schedule: ddpm.Schedule, method: SamplerKind = "ddpm", max_steps: int = 1000) -> Float[Array, "B ..."]:
+            schedule: ddpm.Schedule, method: SamplerKind = "ddpm", max_steps: int = 1000, exact: bool = True
+            ) -> Float[Array, "B ..."]:
     """The estimate of the clean encoded gradient from the noisy encoded gradient `y`.
 
     `sigma`: the per-entry noise std (σ_eff), `t_index`: the 0-based start step (`ddpm.t_index(σ)`, or the fixed
-    step for ``nonadaptive``). Both are traced, so one compilation serves every ε.
+    step for ``nonadaptive``). Both are traced, so one compilation serves every ε. `exact`: start at ᾱ = n rather
+    than at the grid step (module doc; ``nonadaptive`` and ``released`` always use the grid, as the paper does).
     """
     eps_fn = functools.partial(apply, params)
     n = ddpm.signal_fraction(sigma)
     x = jnp.sqrt(n) * y
+    t_index = jnp.asarray(t_index, jnp.int32)
+    start = exact_start(schedule, t_index, n) if exact else None
     if method == "oneshot":
-        return oneshot(eps_fn, x, t_index, schedule=schedule)
+        return oneshot(eps_fn, x, t_index, schedule=schedule, start=start)
     if method == "nonadaptive":
         return reverse(eps_fn, y, t_index, key, schedule=schedule, max_steps=max_steps)
     if method == "conditional":
-        return reverse(eps_fn, x, t_index, key, schedule=schedule, max_steps=max_steps, cond=x)
+        return reverse(eps_fn, x, t_index, key, schedule=schedule, max_steps=max_steps, cond=x, start=start)
     if method == "released":
         return reverse(eps_fn, x, t_index, key, schedule=schedule, max_steps=max_steps, released=True)
-    return reverse(eps_fn, x, t_index, key, schedule=schedule, method=method, max_steps=max_steps)
+    return reverse(eps_fn, x, t_index, key, schedule=schedule, method=method, max_steps=max_steps, start=start)

@@ -87,8 +87,11 @@ MU, S = 0.3, 0.1  # x_0 ~ N(μ, s²) per entry
 
 
 def exact_eps(params, x, t, cond):
-    """E[ε | x_t] for x_0 ~ N(μ, s²): √(1−ᾱ)(x − √ᾱ μ)/(ᾱ s² + 1 − ᾱ)."""
-    ac = jnp.asarray(SCHED.alphas_cumprod, jnp.float32)[t].reshape((-1,) + (1,) * (x.ndim - 1))
+    """E[ε | x_t] for x_0 ~ N(μ, s²): √(1−ᾱ)(x − √ᾱ μ)/(ᾱ s² + 1 − ᾱ); ᾱ linear between grid steps at a
+    fractional t (the sampler's convention for its exact start)."""
+    table = jnp.asarray(SCHED.alphas_cumprod, jnp.float32)
+    ac = jnp.interp(jnp.asarray(t, jnp.float32), jnp.arange(len(table), dtype=jnp.float32), table)
+    ac = ac.reshape((-1,) + (1,) * (x.ndim - 1))
     return jnp.sqrt(1 - ac) * (x - jnp.sqrt(ac) * params["mu"]) / (ac * params["s2"] + 1 - ac)
 
 
@@ -131,6 +134,42 @@ def test_ancestral_loop_iterates_and_released_loop_does_not(gaussian_case):
     assert abs(_mse("ddim", gaussian_case)[0] / want - 1) < 0.1
     # A chain respaced onto 40 steps is still a posterior sample.
     assert abs(_mse("ddpm", gaussian_case, max_steps=40)[0] / (2 * post_var) - 1) < 0.15
+
+
+@pytest.mark.parametrize("ti", [9, 199])
+def test_exact_start_is_the_posterior_mean_between_grid_steps(ti):
+    # σ whose n = 1/(1 + σ²) falls halfway between ᾱ of steps ti − 1 and ti: the grid rounds it up to ti.
+    ac = SCHED.alphas_cumprod
+    n = 0.5 * (ac[ti - 1] + ac[ti])
+    sigma = float(np.sqrt(1 / n - 1))
+    assert ddpm.t_index(SCHED, sigma) == ti
+    k0, k1 = jax.random.split(jax.random.key(3))
+    x0 = MU + S * jax.random.normal(k0, (1, 32, 32, 1))
+    y = x0 + sigma * jax.random.normal(k1, x0.shape)
+    want = MU + S**2 / (S**2 + sigma**2) * (y - MU)  # E[x_0 | g'] in closed form
+
+    def run(method, exact):
+        return sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(ti),
+                                jax.random.key(4), schedule=SCHED, method=method, exact=exact)
+
+    exact_err = float(jnp.abs(run("oneshot", True) - want).max())
+    rounded_err = float(jnp.abs(run("oneshot", False) - want).max())
+    assert exact_err < 2e-5
+    assert rounded_err > 20 * exact_err  # the grid's extra half step of noise is visible
+
+
+def test_exact_start_below_the_first_step_is_nearly_the_identity():
+    # σ far below step 1's noise (the paper's ε = 100): the correction is scaled by the true σ, so the output stays
+    # within a few σ²-sized terms of g' rather than being pulled toward the prior by step 1's noise.
+    sigma = 1e-3
+    y = MU + S * jax.random.normal(jax.random.key(5), (1, 16, 16, 1))
+    kw = dict(schedule=SCHED, method="oneshot")
+    out = sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(0),
+                           jax.random.key(0), **kw)
+    rounded = sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(0),
+                               jax.random.key(0), exact=False, **kw)
+    shift, shift_rounded = float(jnp.abs(out - y).max()), float(jnp.abs(rounded - y).max())
+    assert shift < 0.2 * shift_rounded
 
 
 def test_one_compilation_for_every_start_step():
