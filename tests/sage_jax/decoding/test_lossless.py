@@ -60,7 +60,8 @@ def test_tiny_self_draft_and_token_limit(tiny_pair):
         assert all(len(t) <= limit for t in got.token_ids)
 
 
-@pytest.mark.slow  # ~3–9 min on 2 CPU cores (a compile per policy); the default suite keeps the bench smoke's real-model check
+# A compile per policy: 3–9 min on 2 CPU cores. The default suite keeps the bench smoke's real-model SAGE == AR check.
+@pytest.mark.slow
 def test_real_smollm2_every_policy_matches_ar(smollm2):
     _, model, tok, _ = smollm2
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
