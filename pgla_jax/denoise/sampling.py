@@ -102,7 +102,7 @@ def reverse(eps_fn, x: Float[Array, "B ..."], t_index: Array, key: PRNGKeyArray,
 
 def oneshot(eps_fn, x, t_index, *, schedule: ddpm.Schedule, cond=None, start: tuple[Array, Array] | None = None):
     """x̂_0 = (x − √(1 − ᾱ)·ε̂)/√ᾱ from one model call (at the grid step, or at `start` = (ᾱ, model time))."""
-    b = x.shape[0]
+    b, t_index = x.shape[0], jnp.asarray(t_index, jnp.int32)
     a, tm = (_tables(schedule)[t_index + 1], t_index.astype(jnp.float32)) if start is None else start
     eps = eps_fn(x, jnp.full((b,), tm, jnp.float32), cond)
     return (x - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a)
