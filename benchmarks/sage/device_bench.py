@@ -32,9 +32,9 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def _time(fn, *args, repeats=10):
     """Median milliseconds after a warm-up call: the same timer as the cost profile of `--budget auto`."""
-    from sage_jax.decoding.budget import _time_ms
+    from sage_jax.decoding.budget import time_ms
 
-    return _time_ms(fn, *args, repeats=repeats)
+    return time_ms(fn, *args, repeats=repeats)
 
 
 def random_lm(name: str, dtype="bfloat16"):

@@ -1,6 +1,7 @@
 """How much of a speculative step is *not* model forwards (tree building, verification, KV compaction, switches).
 
-    python benchmarks/sage/step_overhead.py [--policy sage] [--bench out/bench/bench.json]
+    python benchmarks/sage/step_overhead.py [--policies chain,static,eagle2,sage] [--new-tokens 128]
+        [--bench out/bench/bench.json]
 
 Runs the policy on a "hollow" SmolLM2: the same vocabulary (49,152), layer count (30), KV-cache shape (3 kv heads
 x 64) and draft depth as the real target, but d_model 64 and a 64-wide MLP, so the matmuls cost almost nothing and

@@ -72,10 +72,9 @@ def q_sample(s: Schedule, x0: Float[Array, "B ..."], t: Int[Array, " B"], eps: F
     return jnp.sqrt(ac) * x0 + jnp.sqrt(1.0 - ac) * eps
 
 
-def predict_x0(s: Schedule, x_t, t, eps_hat):
-    """x̂_0 = (x_t − √(1 − ᾱ_t)·ε̂)/√ᾱ_t."""
-    ac = _at(s.alphas_cumprod, t, x_t.ndim)
-    return (x_t - jnp.sqrt(1.0 - ac) * eps_hat) / jnp.sqrt(ac)
+def predict_x0(x_t, alpha_bar, eps_hat):
+    """x̂_0 = (x_t − √(1 − ᾱ)·ε̂)/√ᾱ, for any ᾱ (a grid step's, or the exact start's n)."""
+    return (x_t - jnp.sqrt(1.0 - alpha_bar) * eps_hat) / jnp.sqrt(alpha_bar)
 
 
 def huber_loss(eps_hat: Float[Array, "B ..."], eps: Float[Array, "B ..."], mask: Float[Array, "..."] | None = None

@@ -88,7 +88,7 @@ def reverse(eps_fn, x: Float[Array, "B ..."], t_index: Array, key: PRNGKeyArray,
             a_t, tm = jnp.where(k == 0, start[0], a_t), jnp.where(k == 0, start[1], tm)
         eps = eps_fn(src, jnp.full((b,), tm, jnp.float32), cond)
         if method == "ddim" and not released:
-            x0 = (src - jnp.sqrt(1.0 - a_t) * eps) / jnp.sqrt(a_t)
+            x0 = ddpm.predict_x0(src, a_t, eps)
             return jnp.sqrt(a_s) * x0 + jnp.sqrt(1.0 - a_s) * eps
         alpha = a_t / a_s  # 1 − β of the (possibly respaced) step t → s
         one_minus = jnp.maximum(1.0 - a_t, 1e-12)  # 0 only for a noiseless input (σ = 0) at the exact start
@@ -104,8 +104,7 @@ def oneshot(eps_fn, x, t_index, *, schedule: ddpm.Schedule, cond=None, start: tu
     """x̂_0 = (x − √(1 − ᾱ)·ε̂)/√ᾱ from one model call (at the grid step, or at `start` = (ᾱ, model time))."""
     b, t_index = x.shape[0], jnp.asarray(t_index, jnp.int32)
     a, tm = (_tables(schedule)[t_index + 1], t_index.astype(jnp.float32)) if start is None else start
-    eps = eps_fn(x, jnp.full((b,), tm, jnp.float32), cond)
-    return (x - jnp.sqrt(1.0 - a) * eps) / jnp.sqrt(a)
+    return ddpm.predict_x0(x, a, eps_fn(x, jnp.full((b,), tm, jnp.float32), cond))
 
 
 @functools.partial(jax.jit, static_argnames=("apply", "schedule", "method", "max_steps", "exact"))

@@ -54,7 +54,8 @@ class CostProfile:
         return dataclasses.asdict(self)
 
 
-def _time_ms(fn, *args, repeats: int) -> float:
+def time_ms(fn, *args, repeats: int) -> float:
+    """Median milliseconds of `fn(*args)` over `repeats` calls after a compile + warm-up call."""
     jax.block_until_ready(fn(*args))  # compile + warm-up
     ts = []
     for _ in range(repeats):
@@ -95,9 +96,9 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
     t_cache = target.init_cache(1, capacity)
     d_cache = build_drafter(draft_spec, target, draft).init_cache(1, capacity)
     tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
-    v_ms = [_time_ms(verify, target, t_cache, tok(w), repeats=repeats) for w in verify_widths]
-    d_ms = [_time_ms(run_draft, target, draft, d_cache, tok(w), repeats=repeats) for w in draft_widths]
-    ar = _time_ms(verify, target, t_cache, tok(1), repeats=repeats)
+    v_ms = [time_ms(verify, target, t_cache, tok(w), repeats=repeats) for w in verify_widths]
+    d_ms = [time_ms(run_draft, target, draft, d_cache, tok(w), repeats=repeats) for w in draft_widths]
+    ar = time_ms(verify, target, t_cache, tok(1), repeats=repeats)
     return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
 
