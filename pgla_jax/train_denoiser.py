@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="gradient data set folder (default WORKDIR/gradients)")
     p.add_argument("--steps", type=int, help="override the number of training steps (a new schedule: new workdir)")
     p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
+    p.add_argument("--extend", action="store_true",
+                   help="go on from WORKDIR's saved state to more --steps (a warm restart of the schedule)")
     try:
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         cfg = load_config(args.config)
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
             if args.steps < 1:
                 raise UsageError(f"--steps must be ≥ 1, got {args.steps}")
             cfg = dataclasses.replace(cfg, steps=args.steps)
+        if args.extend and args.steps is None:
+            raise UsageError("--extend needs --steps (the new total)")
         if args.max_steps is not None and args.max_steps < 1:
             raise UsageError(f"--max-steps must be ≥ 1, got {args.max_steps}")
         if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
@@ -68,7 +72,8 @@ def main(argv=None) -> int:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}")
 
-                out = train.train(cfg, data_dir, args.workdir, progress=progress, max_steps=args.max_steps)
+                out = train.train(cfg, data_dir, args.workdir, progress=progress, max_steps=args.max_steps,
+                                  extend=args.extend)
             if cfg.dncnn_steps and not os.path.isdir(os.path.join(args.workdir, "dncnn")):
                 with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr) as bar:
 

@@ -56,11 +56,14 @@ def _diffusion_fields(cfg: DenoiserConfig) -> DenoiserConfig:
 
 
 def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callable | None = None,
-          mesh=None, log: Callable | None = None, max_steps: int | None = None) -> str:
+          mesh=None, log: Callable | None = None, max_steps: int | None = None, extend: bool = False) -> str:
     """Trains (or resumes) in `workdir`; returns the path of the final denoiser checkpoint `workdir/denoiser`.
 
     `max_steps`: stop after this many steps of the configured run (its learning-rate schedule unchanged) and write
     the denoiser from the EMA weights there; rerunning without it resumes towards `cfg.steps`.
+    `extend`: the state in `workdir` may come from the same config with fewer `steps`; training goes on from its
+    weights and optimiser state towards `cfg.steps`, the cosine schedule stretched to the new length (a warm restart:
+    the learning rate jumps back to the new schedule's value at the saved step).
     """
     codec = store.make_codec(cfg)
     src, size = gradients.source(data_dir)
@@ -78,12 +81,17 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     state_dir = os.path.join(workdir, "state")
     if os.path.isdir(state_dir):
         tree, saved_cfg, _ = store.load(state_dir, STATE_KIND)
-        if _diffusion_fields(saved_cfg) != _diffusion_fields(cfg):
-            raise ValueError(f"{state_dir} was written with another config; use a new --workdir")
+        step0 = int(tree["step"])
+        same = _diffusion_fields(saved_cfg) == _diffusion_fields(cfg)
+        longer = extend and _diffusion_fields(dataclasses.replace(saved_cfg, steps=cfg.steps)) == _diffusion_fields(cfg)
+        if not (same or longer):
+            hint = "" if extend else " (or --extend it to more --steps)"
+            raise ValueError(f"{state_dir} was written with another config; use a new --workdir{hint}")
+        if extend and cfg.steps <= step0:
+            raise ValueError(f"{state_dir} is at step {step0}; --extend needs --steps above that, got {cfg.steps}")
         params, ema = _restored(graphdef, params, tree["params"]), _restored(graphdef, params, tree["ema"])
         leaves, treedef = jax.tree.flatten(opt_state)
         opt_state = jax.tree.unflatten(treedef, [jnp.asarray(tree["opt"][f"{i:05d}"]) for i in range(len(leaves))])
-        step0 = int(tree["step"])
 
     mask = codec.mask()
 
@@ -126,7 +134,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
 
 
 def _restored(graphdef, like, tree):
-    module = nnx.merge(graphdef, like)
+    module = nnx.merge(graphdef, like, copy=True)  # without the copy, a second restore overwrites the first
     store.load_pure(module, tree)
     return nnx.state(module, nnx.Param)
 

@@ -125,3 +125,26 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
     _, lenet_params = lenet
     with pytest.raises(ValueError, match="trained for a victim"):
         denoisers.load(path, codec.make_codec(lenet_params, "image2d", 4))
+
+
+def test_training_resumes_exactly_and_extends(tmp_path):
+    """A run stopped at step 2 and resumed gives the uninterrupted run's losses; --extend goes on to more steps."""
+    from pgla_jax.denoise import train
+
+    cfg = denoiser_tiny.get_config()
+    data, mesh = str(tmp_path / "gradients"), sharding.make_mesh(data=1, devices=jax.devices()[:1])
+    gradients.build(cfg.gradients, data)
+    full, parts = [], []
+    train.train(cfg, data, str(tmp_path / "full"), progress=full.append, mesh=mesh)
+    train.train(cfg, data, str(tmp_path / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
+    train.train(cfg, data, str(tmp_path / "parts"), progress=parts.append, mesh=mesh)
+    assert len(full) == 4 and parts == full
+    longer = dataclasses.replace(cfg, steps=6)
+    with pytest.raises(ValueError, match="another config.*--extend"):
+        train.train(longer, data, str(tmp_path / "parts"), mesh=mesh)
+    more = []
+    out = train.train(longer, data, str(tmp_path / "parts"), progress=more.append, mesh=mesh, extend=True)
+    assert len(more) == 2 and all(np.isfinite(more))
+    assert store.load(out)[2]["provenance"]["steps"] == 6
+    with pytest.raises(ValueError, match="needs --steps above"):
+        train.train(dataclasses.replace(cfg, steps=5), data, str(tmp_path / "parts"), mesh=mesh, extend=True)
