@@ -80,6 +80,7 @@ def init_cache(cfg: LMConfig, batch: int, capacity: int) -> KVCache:
     return KVCache.zeros(1, batch, capacity, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cfg.dtype))
 
 
+@jax.named_scope(lm.MODEL_SCOPE)
 def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Array, "V D"],
                    tokens: Int[Array, "B T"], features_prev: Float[Array, "B T D"], positions: Int[Array, "B T"],
                    mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None

@@ -18,6 +18,10 @@ from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, write_rows
 
+# Every op of a model forward or head runs under this name scope, so a profile can tell the model's work from the
+# decoding loop's own (benchmarks/sage/step_profile.py).
+MODEL_SCOPE = "model"
+
 
 def fuse_layer(cfg: LMConfig, p: dict) -> dict:
     """One layer's canonical params (wq [D,N,H], ...) -> fused 2-D matrices (wqkv [D, (N+2K)H], ...)."""
@@ -70,6 +74,7 @@ def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "
     return shard(jnp.take(embed, tokens, axis=0).astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "embed"))
 
 
+@jax.named_scope(MODEL_SCOPE)
 def head(cfg: LMConfig, embed, final_norm, lm_head, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
     """Final norm + LM head; float32 logits."""
     h = layers.rms_norm(hidden, final_norm, cfg.norm_eps)
@@ -107,6 +112,7 @@ class LM:
         c = self.cfg
         return KVCache.zeros(self.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype))
 
+    @jax.named_scope(MODEL_SCOPE)
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
                 embeddings: Float[Array, "B T D"] | None = None) -> tuple[Float[Array, "B T D"], KVCache | None]:

@@ -1,0 +1,49 @@
+"""The step profiler's attribution: model ops carry the model name scope through XLA, the loop's own do not."""
+
+import importlib.util
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sage_jax.decoding.tree import causal_visibility
+from sage_jax.models import Decoder, LMConfig
+
+_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "sage" / "step_profile.py"
+
+
+def _profiler():
+    spec = importlib.util.spec_from_file_location("step_profile", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_ops_and_loop_ops_are_told_apart(tmp_path):
+    sp = _profiler()
+    model = Decoder(LMConfig.tiny(), rngs=nnx.Rngs(0)).serving()
+
+    def step(tokens):
+        slots = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        hidden, _ = model.forward(tokens, slots, causal_visibility(slots, jnp.zeros((1,), jnp.int32), 4))
+        # The loop's own work on the model's logits; the salt makes a new module: the persistent cache keys
+        # ignore op metadata and would hand back HLO compiled before a change to the name scopes.
+        return jax.lax.top_k(model.head(hidden)[:, -1], 3)[1], jnp.int32(salt)
+
+    salt = int.from_bytes(os.urandom(3), "little")
+    text = jax.jit(step).lower(jnp.ones((1, 4), jnp.int32)).compile().as_text()
+    dump = tmp_path / "module_0001.jit_step.cpu_after_optimizations.txt"
+    dump.write_text(text)
+    names = sp.op_names([str(dump)])
+    kinds = {}
+    for (module, op), _ in names.items():
+        assert module == "jit_step"
+        kinds.setdefault(sp.classify(module, op, names), []).append(op)
+    assert kinds.get("model") and kinds.get("step work"), kinds
+    # Not only the dots: the norms and the attention softmax are the model's too (the name scope survives XLA).
+    assert any(sp.classify(*key, names) == "model" and "/model/" in name for key, name in names.items())
+    assert any(names[("jit_step", op)] != "dot" and "top_k" in names[("jit_step", op)] for op in kinds["step work"])
+    assert sp.classify("jit_step", "while.3", names) == "control"
+    assert sp.classify("jit_step", "no-such-op.1", names) == "other"
