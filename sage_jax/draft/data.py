@@ -7,7 +7,7 @@ share a source file with training prompts; the hand-written benchmark prompts (`
 
 A dataset is a set of equally long numpy arrays, one row per sequence (prompt + answer, right-padded)::
 
-    tokens [N, L] int32     lengths [N] int32     answer_start [N] int32     kind [N] int32 (index into KINDS)
+    tokens [N, L] int32     lengths [N] int32     answer_start [N] int32     kind [N] int32 (index into ALL_KINDS)
     features [N, L, D] float32 (optional): the target's last hidden state before its final norm
 
 stored as one `.npz` (tokens) + one `.npy` (features, memory-mapped), and served by a `grain.MapDataset`
@@ -36,7 +36,8 @@ from sage_jax.models import layers
 
 DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 HELDOUT_MOD = 10
-KINDS = ("code", "explanation", "rewriting", "lists")
+KINDS = ("code", "explanation", "rewriting", "lists")  # of the corpus prompts
+ALL_KINDS = KINDS + ("summary", "advice", "math")  # also the extended WordNet prompts (`wordnet.build_prompts`)
 
 _TEMPLATES: dict[str, tuple[str, ...]] = {
     "code": (

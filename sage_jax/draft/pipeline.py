@@ -62,7 +62,7 @@ def _prompts(c, split: str, tok, vocab_size: int) -> tuple[list[list[int]], list
     n_general = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
     pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
     if n_general:
-        pairs += wordnet.build_prompts(n_general, split, int(c.seed))
+        pairs += wordnet.build_prompts(n_general, split, int(c.seed), str(dd.get("general_templates", "basic")))
     ids, kinds = [], []
     for kind, text in pairs:
         t = ddata.encode(tok, text, vocab_size)
@@ -70,7 +70,7 @@ def _prompts(c, split: str, tok, vocab_size: int) -> tuple[list[list[int]], list
             t = t[: int(dd.max_prompt_tokens)]
         if len(t) <= int(dd.max_prompt_tokens):
             ids.append(t)
-            kinds.append(ddata.KINDS.index(kind))
+            kinds.append(ddata.ALL_KINDS.index(kind))
     if not ids:
         raise ValueError(f"every {split} prompt is longer than max_prompt_tokens={dd.max_prompt_tokens}")
     order = np.argsort([len(t) for t in ids], kind="stable")  # similar lengths share a batch (less padding)

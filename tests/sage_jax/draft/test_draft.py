@@ -143,6 +143,15 @@ def test_wordnet_prompts_split_and_avoid_benchmark_topics():
     assert len(set(texts)) > 350
     for _, text in (*EVAL_PROMPTS, *BENCH_PROMPTS):
         assert not any(text in t or t in text for t in texts)
+    # The extended style: every kind the benchmark asks, no benchmark topic either, and kinds the data set can index.
+    ext = wordnet.build_prompts(700, "train", style="extended")
+    assert {k for k, _ in ext} == set(data.ALL_KINDS) and len({t for _, t in ext}) > 600
+    bench_topics = {e[0] for e in tr} - {e[0] for e in wordnet.entries("train", ban_bench=True)}
+    assert {"birthday", "car", "interview"} <= bench_topics
+    for _, text in (*EVAL_PROMPTS, *BENCH_PROMPTS):
+        assert not any(text in t or t in text for _, t in ext)
+    with pytest.raises(ValueError, match="prompt style"):
+        wordnet.build_prompts(1, "train", style="fancy")
 
 
 def test_reduced_vocab_maps_ids_back(target):
