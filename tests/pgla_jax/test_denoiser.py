@@ -127,24 +127,42 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
         denoisers.load(path, codec.make_codec(lenet_params, "image2d", 4))
 
 
-def test_training_resumes_exactly_and_extends(tmp_path):
-    """A run stopped at step 2 and resumed gives the uninterrupted run's losses; --extend goes on to more steps."""
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The tiny config's data set, a 1-device mesh, and its uninterrupted 4-step run's losses."""
     from pgla_jax.denoise import train
 
+    root = tmp_path_factory.mktemp("train")
     cfg = denoiser_tiny.get_config()
-    data, mesh = str(tmp_path / "gradients"), sharding.make_mesh(data=1, devices=jax.devices()[:1])
+    data, mesh = str(root / "gradients"), sharding.make_mesh(data=1, devices=jax.devices()[:1])
     gradients.build(cfg.gradients, data)
-    full, parts = [], []
-    train.train(cfg, data, str(tmp_path / "full"), progress=full.append, mesh=mesh)
-    train.train(cfg, data, str(tmp_path / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
-    train.train(cfg, data, str(tmp_path / "parts"), progress=parts.append, mesh=mesh)
+    full = []
+    train.train(cfg, data, str(root / "full"), progress=full.append, mesh=mesh)
+    return cfg, data, mesh, root, full
+
+
+def test_training_resumes_exactly(tiny_run):
+    """A run stopped at step 2 and resumed gives the uninterrupted run's losses; a longer schedule needs --extend."""
+    from pgla_jax.denoise import train
+
+    cfg, data, mesh, root, full = tiny_run
+    parts = []
+    train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
+    train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh)
     assert len(full) == 4 and parts == full
-    longer = dataclasses.replace(cfg, steps=6)
     with pytest.raises(ValueError, match="another config.*--extend"):
-        train.train(longer, data, str(tmp_path / "parts"), mesh=mesh)
+        train.train(dataclasses.replace(cfg, steps=6), data, str(root / "parts"), mesh=mesh)
+    with pytest.raises(ValueError, match="needs --steps above"):
+        train.train(dataclasses.replace(cfg, steps=4), data, str(root / "parts"), mesh=mesh, extend=True)
+
+
+@pytest.mark.slow
+def test_training_extends_to_more_steps(tiny_run):
+    from pgla_jax.denoise import train
+
+    cfg, data, mesh, root, _ = tiny_run
     more = []
-    out = train.train(longer, data, str(tmp_path / "parts"), progress=more.append, mesh=mesh, extend=True)
+    out = train.train(dataclasses.replace(cfg, steps=6), data, str(root / "full"), progress=more.append, mesh=mesh,
+                      extend=True)
     assert len(more) == 2 and all(np.isfinite(more))
     assert store.load(out)[2]["provenance"]["steps"] == 6
-    with pytest.raises(ValueError, match="needs --steps above"):
-        train.train(dataclasses.replace(cfg, steps=5), data, str(tmp_path / "parts"), mesh=mesh, extend=True)
