@@ -1,4 +1,5 @@
-"""The shipped demo draft for SmolLM2-135M-Instruct (`sage_jax/assets/smollm2_eagle`): an EAGLE-style head over
+"""The first demo-draft recipe for SmolLM2-135M-Instruct (shipped until 2026-11-30; `smollm2_eagle_chat` extends it
+and trained the head shipped now in `sage_jax/assets/smollm2_eagle`): an EAGLE-style head over
 an 8,192-token draft vocabulary, self-distilled from the target's own greedy answers (128 new tokens) to 963
 offline prompts (Python stdlib code / Python docs prose / WordNet general topics; 77k answer + 70k prompt tokens),
 with the target's features kept by the one-pass rollout, and trained with 2-level training-time test.
