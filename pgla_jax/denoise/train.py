@@ -87,7 +87,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
         if not (same or longer):
             hint = "" if extend else " (or --extend it to more --steps)"
             raise ValueError(f"{state_dir} was written with another config; use a new --workdir{hint}")
-        if extend and cfg.steps <= step0:
+        if extend and not same and cfg.steps <= step0:  # a finished extended run just resumes (a no-op)
             raise ValueError(f"{state_dir} is at step {step0}; --extend needs --steps above that, got {cfg.steps}")
         params, ema = _restored(graphdef, params, tree["params"]), _restored(graphdef, params, tree["ema"])
         leaves, treedef = jax.tree.flatten(opt_state)

@@ -153,7 +153,7 @@ def test_training_resumes_exactly(tiny_run):
     with pytest.raises(ValueError, match="another config.*--extend"):
         train.train(dataclasses.replace(cfg, steps=6), data, str(root / "parts"), mesh=mesh)
     with pytest.raises(ValueError, match="needs --steps above"):
-        train.train(dataclasses.replace(cfg, steps=4), data, str(root / "parts"), mesh=mesh, extend=True)
+        train.train(dataclasses.replace(cfg, steps=3), data, str(root / "parts"), mesh=mesh, extend=True)
 
 
 @pytest.mark.slow
