@@ -34,7 +34,8 @@ import re  # noqa: E402
 
 import jax  # noqa: E402
 
-_INSTR = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]*)"')
+from sage_jax.models.lm import MODEL_SCOPE  # noqa: E402
+
 _CONTROL = ("while", "cond", "conditional", "call", "ThunkExecutor")
 
 
@@ -60,11 +61,11 @@ def op_names(files: list[str]) -> dict[tuple[str, str], str]:
                 called = re.search(r"calls=%?([\w.\-]+)", line)
                 if called:
                     calls[m.group(1)] = called.group(1)
-                meta = _INSTR.match(line)
+                meta = re.search(r'op_name="([^"]*)"', line)
                 if " dot(" in line:
                     out[(module, m.group(1))] = "dot"
                 elif meta:
-                    out[(module, m.group(1))] = meta.group(2)
+                    out[(module, m.group(1))] = meta.group(1)
         for instr, comp in calls.items():
             if comp in with_dot and not instr.startswith(_CONTROL):
                 out[(module, instr)] = "dot"
@@ -97,20 +98,14 @@ def self_times(trace_dir: str) -> list[tuple[str, str, float]]:
 
 
 def classify(module: str, op: str, names: dict) -> str:
-    if op.startswith(_CONTROL) or op.split(".")[0] in _CONTROL:
+    if op.startswith(_CONTROL):
         return "control"
     name = names.get((module, op))
     if name is None:
         return "other"
     if name == "dot":  # the decoding loop itself multiplies no matrices: a dot is a model's
         return "model"
-    return "model" if f"/{_model_scope()}/" in f"/{name}/" else "step work"
-
-
-def _model_scope() -> str:
-    from sage_jax.models.lm import MODEL_SCOPE
-
-    return MODEL_SCOPE
+    return "model" if f"/{MODEL_SCOPE}/" in f"/{name}/" else "step work"
 
 
 def profile_policy(engine, prompts, policy, new_tokens: int, top: int) -> dict:
