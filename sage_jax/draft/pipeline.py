@@ -3,6 +3,7 @@
 Work directory layout (everything resumable: finished stages are skipped, training resumes from Orbax)::
 
     WORKDIR/data/train.{npz,features.npy}   heldout.{npz,features.npy}   self-distillation data
+    WORKDIR/data/train.seedS.{npz,...}      extra training blocks (`data.extra_general_seeds`)
     WORKDIR/vocab.npy                       the reduced draft vocabulary (when `vocab_size` > 0)
     WORKDIR/eagle/ckpt/                      training checkpoints (params, optimizer state, step, data position)
     WORKDIR/eagle_head/                      final head: configs.checkpoint kind "eagle_head"
@@ -53,16 +54,9 @@ def _log(msg: str) -> None:
     tqdm.write(msg)
 
 
-def _prompts(c, split: str, tok, vocab_size: int) -> tuple[list[list[int]], list[int]]:
-    """Encoded prompts of `split` (corpus prompts + WordNet prompts), longer ones dropped, sorted by length."""
-    from sage_jax.draft import wordnet
-
+def _encoded(c, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str) -> tuple[list[list[int]], list[int]]:
+    """Encoded (kind, text) prompts, longer ones dropped, sorted by length (similar lengths share a batch)."""
     dd = c.data
-    n_corpus = int(dd.n_train if split == "train" else dd.n_heldout)
-    n_general = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
-    pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
-    if n_general:
-        pairs += wordnet.build_prompts(n_general, split, int(c.seed), str(dd.get("general_templates", "basic")))
     ids, kinds = [], []
     for kind, text in pairs:
         t = ddata.encode(tok, text, vocab_size)
@@ -72,69 +66,109 @@ def _prompts(c, split: str, tok, vocab_size: int) -> tuple[list[list[int]], list
             ids.append(t)
             kinds.append(ddata.ALL_KINDS.index(kind))
     if not ids:
-        raise ValueError(f"every {split} prompt is longer than max_prompt_tokens={dd.max_prompt_tokens}")
-    order = np.argsort([len(t) for t in ids], kind="stable")  # similar lengths share a batch (less padding)
+        raise ValueError(f"every {what} prompt is longer than max_prompt_tokens={dd.max_prompt_tokens}")
+    order = np.argsort([len(t) for t in ids], kind="stable")
     return [ids[i] for i in order], [kinds[i] for i in order]
 
 
+def _prompt_texts(c, split: str, seed: int | None = None) -> list[tuple[str, str]]:
+    """(kind, text) of `split`: corpus prompts + WordNet prompts, or with `seed` only the WordNet prompts of an
+    extra training block (`data.extra_general_seeds`)."""
+    from sage_jax.draft import wordnet
+
+    dd = c.data
+    style = str(dd.get("general_templates", "basic"))
+    n_corpus = int(dd.n_train if split == "train" else dd.n_heldout)
+    n_general = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
+    if seed is not None:
+        return wordnet.build_prompts(n_general, split, seed, style)
+    pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
+    if n_general:
+        pairs += wordnet.build_prompts(n_general, split, int(c.seed), style)
+    return pairs
+
+
+def _blocks(c) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(name, split, prompts) of every data block. "train" and "heldout" are the recipe's prompts; each seed of
+    `data.extra_general_seeds` adds a training block "train.seedS" of `n_general` more WordNet prompts built with
+    that seed (texts already in an earlier block dropped), so a bigger recipe reuses a smaller one's data."""
+    blocks = [(split, split, _prompt_texts(c, split)) for split in ("train", "heldout")]
+    seen = {text for _, text in blocks[0][2]}
+    for seed in c.data.get("extra_general_seeds", ()):
+        if int(seed) == int(c.seed):
+            raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {seed}")
+        pairs = [(k, t) for k, t in _prompt_texts(c, "train", int(seed)) if t not in seen]
+        seen.update(t for _, t in pairs)
+        blocks.append((f"train.seed{int(seed)}", "train", pairs))
+    return blocks
+
+
 def make_data(c, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
-    """The self-distillation data of both splits: the target's greedy answers with its features, generated in
-    shards of `shard_rows` (finished shards are kept, so an interrupted run resumes), then merged."""
+    """The self-distillation data: the target's greedy answers with its features, per block (`_blocks`), generated
+    in shards of `shard_rows` (finished shards and blocks are kept, so an interrupted run resumes), then merged.
+    Returns (train, heldout); the training blocks are concatenated."""
+    lm_t = None
+    out: dict[str, list[dict]] = {"train": [], "heldout": []}
+    for name, split, pairs in _blocks(c):
+        prefix = os.path.join(workdir, "data", name)
+        if not ddata.exists(prefix):
+            lm_t = lm_t or target.serving()
+            ids, kinds = _encoded(c, pairs, tok, target.cfg.vocab_size, name)
+            _generate(c, lm_t, target.cfg, workdir, name, ids, kinds, log)
+        else:
+            log(f"[data] {name}: reusing {prefix}")
+        out[split].append(ddata.load(prefix))
+    train_data = out["train"][0] if len(out["train"]) == 1 else {
+        k: np.concatenate([d[k] for d in out["train"]]) for k in out["train"][0]}
+    log(f"[data] {len(train_data['tokens'])} training rows, {len(out['heldout'][0]['tokens'])} held-out rows")
+    return train_data, out["heldout"][0]
+
+
+def _generate(c, lm_t, cfg: LMConfig, workdir: str, name: str, ids: list[list[int]], kinds: list[int], log) -> None:
+    """Rolls out the answers of one block in shards, then merges them into WORKDIR/data/NAME.{npz,features.npy}."""
     from sage_jax.draft.rollout import rollout
 
     dd = c.data
-    cfg = target.cfg
-    out = {}
-    lm_t = None
-    for split in ("train", "heldout"):
-        prefix = os.path.join(workdir, "data", split)
-        if ddata.exists(prefix):
-            out[split] = ddata.load(prefix)
-            log(f"[data] {split}: reusing {prefix} ({len(out[split]['tokens'])} rows)")
-            continue
-        lm_t = lm_t or target.serving()
-        ids, kinds = _prompts(c, split, tok, cfg.vocab_size)
-        rows, batch = int(dd.get("shard_rows", 128)), int(dd.gen_batch)
-        rows = max(batch, rows // batch * batch)
-        max_prompt, max_new = int(dd.max_prompt_tokens), int(dd.max_new_tokens)
-        length = max_prompt + max_new
-        shards = []
-        t0 = time.perf_counter()
-        for k, s in enumerate(range(0, len(ids), rows)):
-            shard = os.path.join(workdir, "data", f"{split}.shard{k:03d}")
-            if not ddata.exists(shard):
-                chunk = ids[s: s + rows]
-                bucket = min(max_prompt, -(-max(len(t) for t in chunk) // 32) * 32)
-                arrays = rollout(lm_t, chunk, batch=batch, max_new_tokens=max_new, prompt_len=bucket,
-                                 eos_ids=cfg.eos_token_ids, pad_id=cfg.pad_token_id)
-                arrays["kind"] = np.asarray(kinds[s: s + rows], np.int32)
-                ddata.save(shard, arrays)
-            shards.append(shard)
-            done = min(s + rows, len(ids))
-            log(f"[data] {split}: {done}/{len(ids)} answers with features, {time.perf_counter() - t0:.0f}s")
-        merged = {"tokens": np.full((len(ids), length), cfg.pad_token_id, np.int32)}
-        merged["features"] = np.lib.format.open_memmap(prefix + ".features.tmp.npy", mode="w+", dtype=np.float32,
-                                                      shape=(len(ids), length, cfg.d_model))
+    prefix = os.path.join(workdir, "data", name)
+    rows, batch = int(dd.get("shard_rows", 128)), int(dd.gen_batch)
+    rows = max(batch, rows // batch * batch)
+    max_prompt, max_new = int(dd.max_prompt_tokens), int(dd.max_new_tokens)
+    length = max_prompt + max_new
+    shards = []
+    t0 = time.perf_counter()
+    for k, s in enumerate(range(0, len(ids), rows)):
+        shard = os.path.join(workdir, "data", f"{name}.shard{k:03d}")
+        if not ddata.exists(shard):
+            chunk = ids[s: s + rows]
+            bucket = min(max_prompt, -(-max(len(t) for t in chunk) // 32) * 32)
+            arrays = rollout(lm_t, chunk, batch=batch, max_new_tokens=max_new, prompt_len=bucket,
+                             eos_ids=cfg.eos_token_ids, pad_id=cfg.pad_token_id)
+            arrays["kind"] = np.asarray(kinds[s: s + rows], np.int32)
+            ddata.save(shard, arrays)
+        shards.append(shard)
+        done = min(s + rows, len(ids))
+        log(f"[data] {name}: {done}/{len(ids)} answers with features, {time.perf_counter() - t0:.0f}s")
+    merged = {"tokens": np.full((len(ids), length), cfg.pad_token_id, np.int32)}
+    merged["features"] = np.lib.format.open_memmap(prefix + ".features.tmp.npy", mode="w+", dtype=np.float32,
+                                                  shape=(len(ids), length, cfg.d_model))
+    for key in ("lengths", "answer_start", "kind"):
+        merged[key] = np.zeros((len(ids),), np.int32)
+    r = 0
+    for shard in shards:
+        part = ddata.load(shard)
+        n, w = part["tokens"].shape
+        merged["tokens"][r: r + n, :w] = part["tokens"]
+        merged["features"][r: r + n, :w] = part["features"]
+        merged["features"][r: r + n, w:] = 0.0
         for key in ("lengths", "answer_start", "kind"):
-            merged[key] = np.zeros((len(ids),), np.int32)
-        r = 0
-        for shard in shards:
-            part = ddata.load(shard)
-            n, w = part["tokens"].shape
-            merged["tokens"][r: r + n, :w] = part["tokens"]
-            merged["features"][r: r + n, :w] = part["features"]
-            merged["features"][r: r + n, w:] = 0.0
-            for key in ("lengths", "answer_start", "kind"):
-                merged[key][r: r + n] = part[key]
-            r += n
-        merged["features"].flush()
-        os.replace(prefix + ".features.tmp.npy", prefix + ".features.npy")
-        ddata.save(prefix, {k: v for k, v in merged.items() if k != "features"})
-        for shard in shards:
-            for suffix in (".npz", ".features.npy"):
-                os.remove(shard + suffix)
-        out[split] = ddata.load(prefix)
-    return out["train"], out["heldout"]
+            merged[key][r: r + n] = part[key]
+        r += n
+    merged["features"].flush()
+    os.replace(prefix + ".features.tmp.npy", prefix + ".features.npy")
+    ddata.save(prefix, {k: v for k, v in merged.items() if k != "features"})
+    for shard in shards:
+        for suffix in (".npz", ".features.npy"):
+            os.remove(shard + suffix)
 
 
 def lm_draft_config(c, target_cfg: LMConfig) -> LMConfig:

@@ -283,6 +283,33 @@ def test_splits_and_eval_prompts_are_disjoint_from_training():
         assert not any(text in t for t in train_texts)
 
 
+def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
+    if not wordnet.available():
+        pytest.skip("wordnet-base not installed")
+    from configs.sage import tiny
+    from sage_jax.draft import pipeline
+
+    c = tiny.get_config()
+    c.data.update(dict(n_train=0, n_heldout=0, n_general=12, n_heldout_general=4, general_templates="extended",
+                       max_prompt_tokens=160, max_new_tokens=4))
+    logs = []
+    tr0, he0 = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    c.data.extra_general_seeds = (1,)
+    blocks = pipeline._blocks(c)
+    assert [b[0] for b in blocks] == ["train", "heldout", "train.seed1"]
+    texts = [[t for _, t in b[2]] for b in blocks]
+    assert texts[2] and not set(texts[2]) & set(texts[0]) and not set(texts[2]) & set(texts[1])
+    logs.clear()
+    tr, he = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    assert any("train: reusing" in m for m in logs) and any("train.seed1: " in m and "answers" in m for m in logs)
+    assert len(tr["tokens"]) == len(tr0["tokens"]) + len(texts[2]) and len(he["tokens"]) == len(he0["tokens"])
+    np.testing.assert_array_equal(tr["tokens"][: len(tr0["tokens"])], tr0["tokens"])
+    assert tr["features"].shape[0] == len(tr["tokens"]) and np.abs(tr["features"][-1]).sum() > 0
+    c.data.extra_general_seeds = (0,)
+    with pytest.raises(ValueError, match="repeats the recipe's own seed"):
+        pipeline._blocks(c)
+
+
 def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "sage_jax.train_draft", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=600, **kw)
