@@ -66,7 +66,8 @@ def main(argv=None) -> int:
             with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr) as bar:
                 gradients.build(cfg.gradients, data_dir, progress=bar.update)
             stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
-            with tqdm(total=stop, desc="denoiser", file=sys.stderr) as bar:
+            start = min(train.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
+            with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr) as bar:
 
                 def progress(loss):
                     bar.update(1)

@@ -133,6 +133,12 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     return out
 
 
+def saved_step(workdir: str) -> int:
+    """The step of the training state saved in `workdir` (0 when there is none): where a rerun resumes."""
+    state_dir = os.path.join(workdir, "state")
+    return int(store.load(state_dir, STATE_KIND)[0]["step"]) if os.path.isdir(state_dir) else 0
+
+
 def _restored(graphdef, like, tree):
     module = nnx.merge(graphdef, like, copy=True)  # without the copy, a second restore overwrites the first
     store.load_pure(module, tree)

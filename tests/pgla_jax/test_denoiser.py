@@ -147,7 +147,9 @@ def test_training_resumes_exactly(tiny_run):
 
     cfg, data, mesh, root, full = tiny_run
     parts = []
+    assert train.saved_step(str(root / "parts")) == 0
     train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
+    assert train.saved_step(str(root / "parts")) == 2  # where the CLI's progress bar starts on resume
     train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh)
     assert len(full) == 4 and parts == full
     with pytest.raises(ValueError, match="another config.*--extend"):
