@@ -52,9 +52,9 @@ def random_lm(name: str, dtype="bfloat16"):
     def w(shape, i):
         return (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32) * 0.02).astype(dt)
 
-    layers = tuple({"attn_norm": jnp.ones((d,), dt), "mlp_norm": jnp.ones((d,), dt),
-                    "wqkv": w((d, (n_h + 2 * n_kv) * hd), 6 * i), "wo": w((n_h * hd, d), 6 * i + 1),
-                    "w_gate_up": w((d, 2 * f), 6 * i + 2), "w_down": w((f, d), 6 * i + 3)} for i in range(n_l))
+    layers = tuple({"attn_norm": jnp.ones((d,), dt), "mlp_norm": jnp.ones((d,), dt),  # `lm.serving_layer` form
+                    "qkv": w(((n_h + 2 * n_kv) * hd, d), 6 * i), "o": w((d, n_h * hd), 6 * i + 1),
+                    "gate_up": w((2 * f, d), 6 * i + 2), "down": w((d, f), 6 * i + 3)} for i in range(n_l))
     return LM(embed=w((v, d), 10_000), final_norm=jnp.ones((d,), dt), lm_head=w((d, v), 10_001), layers=layers,
               cfg=cfg)
 

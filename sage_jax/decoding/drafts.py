@@ -20,7 +20,7 @@ from sage_jax.draft import eagle
 from sage_jax.draft.vocab import DraftVocab
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache
-from sage_jax.models.lm import LM
+from sage_jax.models.lm import LM, serving_layer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +59,7 @@ class EagleWeights:
             raise ValueError(f"{path}: head for d_model={cfg.d_model}, vocab={cfg.vocab_size}; the target has "
                              f"d_model={target.cfg.d_model}, vocab={target.cfg.vocab_size}")
         vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target.embed, target.lm_head)
+        params = {**params, "layer": serving_layer(params["layer"])}  # once, not per draft level
         return cls(head=params, vocab=vocab, cfg=cfg)
 
 

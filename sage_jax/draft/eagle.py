@@ -91,12 +91,13 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
     x = jnp.einsum("BTE,ED->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))
+    layer = lm.serving_layer(head_params["layer"])  # serving drafts convert once at load (`EagleWeights.load`)
     if cache is None:
-        x, _, _ = lm.block(head_cfg, head_params["layer"], x, positions, None, None, None, mask)
+        x, _, _ = lm.block(head_cfg, layer, x, positions, None, None, None, mask)
         return x, None
     if cache.n_layers != 1:
         raise ValueError(f"an EAGLE head's cache has one layer, got {cache.n_layers}")
-    x, k, v = lm.block(head_cfg, head_params["layer"], x, positions, cache.k[0], cache.v[0], write_pos, mask)
+    x, k, v = lm.block(head_cfg, layer, x, positions, cache.k[0], cache.v[0], write_pos, mask)
     return x, KVCache(k=(k,), v=(v,))
 
 

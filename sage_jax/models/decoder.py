@@ -108,7 +108,7 @@ class Decoder(nnx.Module):
         params = {name: var[...][:n] for name, var in vars(self.blocks).items() if isinstance(var, nnx.Param)}
 
         def body(x, p):
-            x, _, _ = lm.block(cfg, lm.fuse_layer(cfg, p), x, positions, None, None, None, mask)
+            x, _, _ = lm.block(cfg, lm.serving_layer(lm.fuse_layer(cfg, p)), x, positions, None, None, None, mask)
             return x, None
 
         x, _ = jax.lax.scan(body, x, params)
