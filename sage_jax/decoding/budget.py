@@ -127,8 +127,13 @@ def cached_profile(key: str, measure) -> CostProfile:
     return prof
 
 
+# Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers).
+PROFILE_VERSION = 3
+
+
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:
-    return json.dumps({"version": 2, "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+    dev = jax.devices()[0]
+    return json.dumps({"version": PROFILE_VERSION, "device": dev.device_kind, "platform": dev.platform,
                        "target": repr(target_cfg), "draft": draft_desc, "capacity": capacity,
                        "verify": list(verify_widths), "draft_widths": list(draft_widths)}, sort_keys=True)
 
