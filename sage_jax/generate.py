@@ -6,7 +6,7 @@
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`, trained by
-`configs/sage/smollm2_eagle_chat.py`); other targets default to a self-draft of their first 10 layers.
+`configs/sage/smollm2_eagle_chat2.py`); other targets default to a self-draft of their first 10 layers.
 `--json` prints exactly one JSON object on stdout (design.md).
 Bad input: one line `error: ...` on stderr and exit code 2.
 """

@@ -1,5 +1,6 @@
-"""The shipped demo draft for SmolLM2-135M-Instruct (`sage_jax/assets/smollm2_eagle`): the `smollm2_eagle` recipe
-with twice the prompts, most of them chat-style, and longer training.
+"""The demo-draft recipe shipped from 2026-11-30 14:00 until `smollm2_eagle_chat2` (which extends its data and is
+shipped now in `sage_jax/assets/smollm2_eagle`): the `smollm2_eagle` recipe with twice the prompts, most of them
+chat-style, and longer training.
 
 Why: the shipped head's held-out greedy chain reaches τ+1 2.10 on prompts like its training prompts but 1.50 on
 the held-out chat prompts (teacher-forced chains of 5, 20 prompts each, 2026-11-30): it is off-distribution more
