@@ -94,7 +94,10 @@ def _blocks(c) -> list[tuple[str, str, list[tuple[str, str]]]]:
     that seed (texts already in an earlier block dropped), so a bigger recipe reuses a smaller one's data."""
     blocks = [(split, split, _prompt_texts(c, split)) for split in ("train", "heldout")]
     seen = {text for _, text in blocks[0][2]}
-    for seed in c.data.get("extra_general_seeds", ()):
+    extra = tuple(c.data.get("extra_general_seeds", ()))
+    if extra and not int(c.data.get("n_general", 0)):
+        raise ValueError("data.extra_general_seeds needs data.n_general > 0 (the size of each extra block)")
+    for seed in extra:
         if int(seed) == int(c.seed):
             raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {seed}")
         pairs = [(k, t) for k, t in _prompt_texts(c, "train", int(seed)) if t not in seen]

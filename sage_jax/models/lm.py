@@ -74,7 +74,9 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     b, t, d = x.shape
     n, kh, hd, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
     inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
-    xm = shard(x.reshape(b * t, d).T, ("embed", "batch"))  # [D, M], M = B·T
+    # [D, M], M = B·T. D stays unnamed: with "embed" first it would claim the fsdp axis that "batch" claims for
+    # token-major activations (`logical_to_spec`: first claim wins).
+    xm = shard(x.reshape(b * t, d).T, (None, "batch"))
     h = _norm_fm(xm, p["attn_norm"], cfg.norm_eps)
     qkv = jnp.einsum("ED,DM->EM", p["qkv"].astype(dt), h)
     if cfg.qkv_bias:
@@ -92,7 +94,7 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     else:
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask).reshape(b * t, n * hd).T
-    xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), ("embed", "batch"))
+    xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), (None, "batch"))
     h = _norm_fm(xm, p["mlp_norm"], cfg.norm_eps)
     gu = jnp.einsum("FD,DM->FM", p["gate_up"].astype(dt), h)
     act = shard(jax.nn.silu(gu[:f]) * gu[f:], ("mlp", "batch"))

@@ -308,6 +308,9 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
     c.data.extra_general_seeds = (0,)
     with pytest.raises(ValueError, match="repeats the recipe's own seed"):
         pipeline._blocks(c)
+    c.data.update(dict(extra_general_seeds=(1,), n_general=0))
+    with pytest.raises(ValueError, match="needs data.n_general"):
+        pipeline._blocks(c)
 
 
 def _cli(*args, **kw):
