@@ -71,21 +71,20 @@ def _encoded(c, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str) -
     return [ids[i] for i in order], [kinds[i] for i in order]
 
 
-def _prompt_texts(c, split: str, seed: int | None = None) -> list[tuple[str, str]]:
-    """(kind, text) of `split`: corpus prompts + WordNet prompts, or with `seed` only the WordNet prompts of an
-    extra training block (`data.extra_general_seeds`)."""
+def _wordnet(c, split: str, seed: int) -> list[tuple[str, str]]:
+    """The WordNet chat prompts of `split` drawn with `seed` (`n_general` / `n_heldout_general` of them)."""
     from sage_jax.draft import wordnet
 
     dd = c.data
-    style = str(dd.get("general_templates", "basic"))
-    n_corpus = int(dd.n_train if split == "train" else dd.n_heldout)
-    n_general = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
-    if seed is not None:
-        return wordnet.build_prompts(n_general, split, seed, style)
+    n = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
+    return wordnet.build_prompts(n, split, seed, str(dd.get("general_templates", "basic"))) if n else []
+
+
+def _prompt_texts(c, split: str) -> list[tuple[str, str]]:
+    """(kind, text) of the recipe's own `split`: corpus prompts + WordNet prompts."""
+    n_corpus = int(c.data.n_train if split == "train" else c.data.n_heldout)
     pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
-    if n_general:
-        pairs += wordnet.build_prompts(n_general, split, int(c.seed), style)
-    return pairs
+    return pairs + _wordnet(c, split, int(c.seed))
 
 
 def _blocks(c) -> list[tuple[str, str, list[tuple[str, str]]]]:
@@ -100,7 +99,7 @@ def _blocks(c) -> list[tuple[str, str, list[tuple[str, str]]]]:
     for seed in extra:
         if int(seed) == int(c.seed):
             raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {seed}")
-        pairs = [(k, t) for k, t in _prompt_texts(c, "train", int(seed)) if t not in seen]
+        pairs = [(k, t) for k, t in _wordnet(c, "train", int(seed)) if t not in seen]
         seen.update(t for _, t in pairs)
         blocks.append((f"train.seed{int(seed)}", "train", pairs))
     return blocks

@@ -15,11 +15,14 @@ from sage_jax.models.config import RopeConfig
 MASK_VALUE = -1e30
 
 
-def rms_norm(x: Float[Array, "... D"], scale: Float[Array, " D"], eps: float) -> Float[Array, "... D"]:
+def rms_norm(x: Float[Array, "..."], scale: Float[Array, " D"], eps: float, axis: int = -1) -> Float[Array, "..."]:
+    """RMS norm over the feature `axis` (the last one, or 0 for feature-major activations [D, M])."""
     xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    # Explicit leading axes: the project runs with jax_numpy_rank_promotion="raise".
-    return (y * scale.astype(jnp.float32).reshape((1,) * (y.ndim - 1) + (-1,))).astype(x.dtype)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=axis, keepdims=True) + eps)
+    # Explicit broadcast axes: the project runs with jax_numpy_rank_promotion="raise".
+    shape = [1] * y.ndim
+    shape[axis] = -1
+    return (y * scale.astype(jnp.float32).reshape(shape)).astype(x.dtype)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:

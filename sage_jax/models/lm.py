@@ -58,13 +58,6 @@ def serving_layer(p: dict) -> dict:
     return out
 
 
-def _norm_fm(x: Float[Array, "D M"], scale: Float[Array, " D"], eps: float) -> Float[Array, "D M"]:
-    """`layers.rms_norm` over the leading (feature) axis."""
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=0, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)[:, None]).astype(x.dtype)
-
-
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
           write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"]):
@@ -77,7 +70,7 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     # [D, M], M = B·T. D stays unnamed: with "embed" first it would claim the fsdp axis that "batch" claims for
     # token-major activations (`logical_to_spec`: first claim wins).
     xm = shard(x.reshape(b * t, d).T, (None, "batch"))
-    h = _norm_fm(xm, p["attn_norm"], cfg.norm_eps)
+    h = layers.rms_norm(xm, p["attn_norm"], cfg.norm_eps, axis=0)
     qkv = jnp.einsum("ED,DM->EM", p["qkv"].astype(dt), h)
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"].astype(dt)[:, None]
@@ -95,7 +88,7 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask).reshape(b * t, n * hd).T
     xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), (None, "batch"))
-    h = _norm_fm(xm, p["mlp_norm"], cfg.norm_eps)
+    h = layers.rms_norm(xm, p["mlp_norm"], cfg.norm_eps, axis=0)
     gu = jnp.einsum("FD,DM->FM", p["gate_up"].astype(dt), h)
     act = shard(jax.nn.silu(gu[:f]) * gu[f:], ("mlp", "batch"))
     xm = xm + jnp.einsum("DF,FM->DM", p["down"].astype(dt), act)
