@@ -9,7 +9,9 @@ Decodes held-out prompts with the default target and shipped draft (greedy, fixe
 * **model**: ops under `sage_jax.models.lm.MODEL_SCOPE` (the target's and the draft's forwards and LM heads);
 * **step work**: every other op of the step (log-softmax and top-k of the draft, tree building, verification,
   KV compaction, the policy's state);
-* **control**: the self-time of while/conditional thunks and of XLA's thunk executor (dispatch).
+* **control**: the self-time of while/conditional thunks and of XLA's thunk executor (dispatch);
+* **unattributed**: ops XLA left without a name (mostly copies it inserted), unless every user of one is model
+  work (a KV cache transposed for an attention dot), which makes it model work too.
 
 The issue-5 target is step work + control ≤ 10% of the step. Needs a quiet machine: it times real steps.
 """
@@ -46,7 +48,7 @@ def op_names(files: list[str]) -> dict[tuple[str, str], str]:
     out = {}
     for f in files:
         module = os.path.basename(f).split(".")[1]
-        with_dot, calls, computation = set(), {}, None
+        with_dot, calls, computation, users = set(), {}, None, collections.defaultdict(set)
         with open(f) as fh:
             for line in fh:
                 head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
@@ -61,6 +63,10 @@ def op_names(files: list[str]) -> dict[tuple[str, str], str]:
                 called = re.search(r"calls=%?([\w.\-]+)", line)
                 if called:
                     calls[m.group(1)] = called.group(1)
+                operands = re.sub(r"(calls|to_apply|body|condition|branch_computations)=\S+", "",
+                                  line.split(" = ", 1)[1])
+                for operand in re.findall(r"%([\w.\-]+)", operands):
+                    users[operand].add(m.group(1))
                 meta = re.search(r'op_name="([^"]*)"', line)
                 if " dot(" in line:
                     out[(module, m.group(1))] = "dot"
@@ -69,7 +75,18 @@ def op_names(files: list[str]) -> dict[tuple[str, str], str]:
         for instr, comp in calls.items():
             if comp in with_dot and not instr.startswith(_CONTROL):
                 out[(module, instr)] = "dot"
+        # XLA drops the metadata of the layout copies it inserts (e.g. a transposed KV cache for an attention
+        # dot). An op without a name whose every user is model work is model work too.
+        for _ in range(3):  # chains of copies
+            for instr, us in users.items():
+                key = (module, instr)
+                if key not in out and us and all(_is_model(out.get((module, u))) for u in us):
+                    out[key] = "dot"
     return out
+
+
+def _is_model(name: str | None) -> bool:
+    return name is not None and (name == "dot" or f"/{MODEL_SCOPE}/" in f"/{name}/")
 
 
 def self_times(trace_dir: str) -> list[tuple[str, str, float]]:
@@ -103,9 +120,8 @@ def classify(module: str, op: str, names: dict) -> str:
     name = names.get((module, op))
     if name is None:
         return "other"
-    if name == "dot":  # the decoding loop itself multiplies no matrices: a dot is a model's
-        return "model"
-    return "model" if f"/{MODEL_SCOPE}/" in f"/{name}/" else "step work"
+    # The decoding loop itself multiplies no matrices: a dot is a model's.
+    return "model" if _is_model(name) else "step work"
 
 
 def profile_policy(engine, prompts, policy, new_tokens: int, top: int) -> dict:

@@ -82,8 +82,8 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
     @jax.jit
     def verify(target, cache, tokens):
         pos, mask = positions_mask(tokens.shape[1])
-        hidden, cache = target.forward(tokens, pos, mask, cache, length)
-        return jnp.argmax(target.head(hidden), -1), cache
+        hidden, kv = target.forward(tokens, pos, mask, cache, length, write=False)  # as the verify step runs it
+        return jnp.argmax(target.head(hidden), -1), kv
 
     @jax.jit
     def run_draft(target, draft, cache, tokens):
@@ -127,8 +127,9 @@ def cached_profile(key: str, measure) -> CostProfile:
     return prof
 
 
-# Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers).
-PROFILE_VERSION = 3
+# Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers;
+# 4: the verify forward reads the cache and returns the new keys/values).
+PROFILE_VERSION = 4
 
 
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:

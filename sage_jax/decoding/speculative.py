@@ -180,14 +180,17 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
         def run():
             t = tree.prefix(w)
             positions = (s.length - s.pad)[:, None] + t.depth
-            hidden, c = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
-                                       s.t_cache, s.length)
+            # The cache is only read here; the accepted rows of `kv` are written at the commit, outside the
+            # switch (`LM.forward`, write=False).
+            hidden, kv = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
+                                        s.t_cache, s.length, write=False)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
             grow = lambda a: jnp.pad(a, ((0, 0), (0, tree.size - w)) + ((0, 0),) * (a.ndim - 2))  # noqa: E731
-            return grow(hidden), grow(best), c, jnp.int32(w)
+            pad_t = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, tree.size - w), (0, 0), (0, 0)))  # noqa: E731
+            return grow(hidden), grow(best), jax.tree.map(pad_t, kv), jnp.int32(w)
         return run
 
-    hidden, best, t_cache, v_width = widths.switch(n_tree, v_sizes, verify_at)
+    hidden, best, tree_kv, v_width = widths.switch(n_tree, v_sizes, verify_at)
     greedy = verify.accept_greedy_best(tree, best, dc)
 
     def sampled(_):  # T > 0 rows: the target's processed log-probs at the verified width, -inf padded
@@ -216,7 +219,7 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     out = jax.vmap(lambda o, u, at: jax.lax.dynamic_update_slice_in_dim(o, u, at, 0))(s.out, new, s.n_gen)
     n_gen = s.n_gen + n_new
     done = s.done | (active & jnp.any(eos & (i < n_new[:, None]), 1)) | (n_gen >= s.max_new)
-    t_cache = t_cache.gather(s.length[:, None] + path[:, 1:], s.length + 1)
+    t_cache = s.t_cache.commit(tree_kv, path, s.length)
 
     # ******** Policy state: α for the next tree, τ history moving D_max. ********
     if pol.alpha_source == "accepted_path_mean":

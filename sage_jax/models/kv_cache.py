@@ -38,18 +38,22 @@ class KVCache:
     def capacity(self) -> int:
         return self.k[0].shape[1]
 
-    def gather(self, src: Int[Array, "B M"], dst_start: Int[Array, " B"]) -> KVCache:
-        """Copies slots `src[b, :]` of each row to the contiguous slots `dst_start[b] + [0, M)`.
+    def commit(self, new: NewKV, rows: Int[Array, "B M"], dst_start: Int[Array, " B"]) -> KVCache:
+        """Writes the rows `rows[b, :]` of `new` (keys/values of T fresh tokens, `LM.forward(write=False)`) to
+        the contiguous slots `dst_start[b] + [0, M)`: a speculative step's accepted path, root first."""
+        idx = rows[None, :, :, None, None]
+        k, v = (jnp.take_along_axis(a, idx, axis=2) for a in (new.k, new.v))  # [L, B, M, K, H]
+        return KVCache(k=tuple(write_rows(c, k[i].astype(c.dtype), dst_start) for i, c in enumerate(self.k)),
+                       v=tuple(write_rows(c, v[i].astype(c.dtype), dst_start) for i, c in enumerate(self.v)))
 
-        This is the commit of a speculative step: the accepted tree nodes' entries move to the accepted path's
-        positions. Sources are read before anything is written, so overlapping ranges are safe.
-        """
 
-        def move(c):  # [B, S, K, H]
-            rows = jnp.take_along_axis(c, src[:, :, None, None], axis=1)
-            return write_rows(c, rows, dst_start)
+@flax.struct.dataclass
+class NewKV:
+    """Keys and values of T new tokens, all layers stacked: k, v [L, B, T, K, H] (`LM.forward(write=False)`).
+    Stacked, padding or picking rows is one op rather than one per layer."""
 
-        return KVCache(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
+    k: Float[Array, "L B T K H"]
+    v: Float[Array, "L B T K H"]
 
 
 def write_rows(cache: Float[Array, "B S K H"], new: Float[Array, "B T K H"], start: Int[Array, " B"]

@@ -90,6 +90,25 @@ def attention(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[A
     return o.reshape(b, t, n, h)
 
 
+def attention_with_new(q: Float[Array, "B T N H"], k: Float[Array, "B S K H"], v: Float[Array, "B S K H"],
+                       mask: Bool[Array, "B T S"], k_new: Float[Array, "B U K H"], v_new: Float[Array, "B U K H"],
+                       mask_new: Bool[Array, "B T U"]) -> Float[Array, "B T N H"]:
+    """`attention` over a cache's keys and U new tokens' keys kept apart: one softmax over both score blocks, so
+    the result is `attention` over the keys concatenated, without building that concatenation (a copy of the
+    whole cache)."""
+    b, t, n, h = q.shape
+    kh, s_len = k.shape[2], k.shape[1]
+    qg = q.reshape(b, t, kh, n // kh, h)
+    s_old = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32) * (h**-0.5)
+    s_new = jnp.einsum("BTKGH,BUKH->BKGTU", qg, k_new, preferred_element_type=jnp.float32) * (h**-0.5)
+    s = jnp.concatenate([jnp.where(mask[:, None, None], s_old, MASK_VALUE),
+                         jnp.where(mask_new[:, None, None], s_new, MASK_VALUE)], axis=-1)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = (jnp.einsum("BKGTS,BSKH->BTKGH", p[..., :s_len], v)
+         + jnp.einsum("BKGTU,BUKH->BTKGH", p[..., s_len:], v_new))
+    return o.reshape(b, t, n, h)
+
+
 def causal_mask(t: int, pad_left: Int[Array, " B"]) -> Bool[Array, "B T T"]:
     """Causal mask over a self-contained length-t sequence whose first `pad_left[b]` slots are padding."""
     i = jnp.arange(t)

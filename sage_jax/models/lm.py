@@ -23,7 +23,7 @@ from jaxtyping import Array, Bool, Float, Int
 from configs.sharding import shard
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
-from sage_jax.models.kv_cache import KVCache, write_rows
+from sage_jax.models.kv_cache import KVCache, NewKV, write_rows
 
 # Every op of a model forward or head runs under this name scope, so a profile can tell the model's work from the
 # decoding loop's own (benchmarks/sage/step_profile.py).
@@ -60,12 +60,13 @@ def serving_layer(p: dict) -> dict:
 
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
-          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"]):
+          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"], write: bool = True):
     """One pre-norm transformer layer on a `serving_layer` (feature-major inside, see the module docstring).
-    Without a cache, queries attend among themselves."""
+    Without a cache, queries attend among themselves. With `write=False` the cache is only read, and the new
+    keys/values [B, T, K, H] come back in its place (`LM.forward`)."""
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
-    n, kh, hd, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+    n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
     # [D, M], M = B·T. D stays unnamed: with "embed" first it would claim the fsdp axis that "batch" claims for
     # token-major activations (`logical_to_spec`: first claim wins).
@@ -80,19 +81,37 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     v = qkv[..., (n + kh) * hd:].reshape(b, t, kh, hd)
     q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale), ("batch", "seq", "heads", "head_dim"))
     k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale), ("batch", "seq", "kv_heads", "head_dim"))
+    if k_cache is not None and not write:
+        # Slot write_pos + j would hold token j: its visibility becomes token j's, and the stale entry there is
+        # hidden.
+        slots = write_pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
+        mask_new = jnp.take_along_axis(mask, jnp.broadcast_to(slots[:, None, :], (b, t, t)), axis=2, mode="clip")
+        s_idx = jnp.arange(mask.shape[2], dtype=jnp.int32)[None, None, :]
+        stale = (s_idx >= write_pos[:, None, None]) & (s_idx < write_pos[:, None, None] + t)
+        o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask & ~stale, k, v, mask_new)
+        return _mlp(cfg, p, xm, o, b, t), k, v
     if k_cache is not None:
         k_cache = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
         v_cache = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
         k_all, v_all = k_cache.astype(dt), v_cache.astype(dt)
     else:
         k_all, v_all = k, v
-    o = layers.attention(q, k_all, v_all, mask).reshape(b * t, n * hd).T
+    o = layers.attention(q, k_all, v_all, mask)
+    return _mlp(cfg, p, xm, o, b, t), k_cache, v_cache
+
+
+def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N H"], b: int, t: int
+         ) -> Float[Array, "B T D"]:
+    """The rest of `block` after attention: output projection, residual, and the gated MLP."""
+    dt = jnp.dtype(cfg.dtype)
+    o = o.reshape(b * t, -1).T
     xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), (None, "batch"))
     h = layers.rms_norm(xm, p["mlp_norm"], cfg.norm_eps, axis=0)
     gu = jnp.einsum("FD,DM->FM", p["gate_up"].astype(dt), h)
+    f = cfg.mlp_dim
     act = shard(jax.nn.silu(gu[:f]) * gu[f:], ("mlp", "batch"))
     xm = xm + jnp.einsum("DF,FM->DM", p["down"].astype(dt), act)
-    return shard(xm.T.reshape(b, t, d), ("batch", "seq", "embed")), k_cache, v_cache
+    return shard(xm.T.reshape(b, t, -1), ("batch", "seq", "embed"))
 
 
 def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
@@ -141,9 +160,15 @@ class LM:
     @jax.named_scope(MODEL_SCOPE)
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
-                embeddings: Float[Array, "B T D"] | None = None) -> tuple[Float[Array, "B T D"], KVCache | None]:
+                embeddings: Float[Array, "B T D"] | None = None, write: bool = True
+                ) -> tuple[Float[Array, "B T D"], KVCache | NewKV | None]:
         """Last-layer hidden states (before the final norm) and the cache with the new keys/values written at
-        `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows."""
+        `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows.
+
+        `write=False` leaves the cache untouched and returns the new keys/values instead (`NewKV`), for the
+        caller to commit only the rows it keeps (`KVCache.commit`); queries see the same either way. A speculative
+        verify runs its forward inside a `lax.switch` over widths: a cache written there leaves the switch in a
+        fresh buffer that XLA:CPU copies back into the loop state, the whole cache per layer and step."""
         x = embed_tokens(self.cfg, self.embed, tokens) if embeddings is None else embeddings
         if cache is None:
             for p in self.layers:
@@ -153,9 +178,11 @@ class LM:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
         ks, vs = [], []
         for p, k_l, v_l in zip(self.layers, cache.k, cache.v, strict=True):  # unrolled
-            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask)
+            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, write)
             ks.append(k_l)
             vs.append(v_l)
+        if not write:
+            return x, NewKV(k=jnp.stack(ks), v=jnp.stack(vs))
         return x, KVCache(k=tuple(ks), v=tuple(vs))
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:

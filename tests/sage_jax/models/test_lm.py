@@ -54,3 +54,43 @@ def test_sharded_serving_forward_matches_one_device(tiny_lm, devices, kind, rel_
         hidden_s, logits_s = run(serve, tok_s)
     # Sharded reductions only reorder float32 sums.
     assert rel_err(hidden_s, hidden) < 1e-5 and rel_err(logits_s, logits) < 1e-5
+
+
+def test_forward_without_write_sees_the_same_and_returns_the_rows_it_would_write(tiny_lm):
+    serve = tiny_lm(2).serving()
+    cfg = serve.cfg
+    b, p, t, capacity = 2, 5, 4, 16
+    rng = np.random.default_rng(1)
+    prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, p)), jnp.int32)
+    slots = jnp.arange(capacity)
+    cache = serve.init_cache(b, capacity)
+    # Garbage in the slots the new tokens will use: with write=False they must stay invisible.
+    cache = cache.replace(k=tuple(c.at[:, p:].set(7.0) for c in cache.k),
+                          v=tuple(c.at[:, p:].set(-3.0) for c in cache.v))
+    _, cache = serve.forward(prompt, jnp.broadcast_to(jnp.arange(p), (b, p)),
+                             jnp.broadcast_to(slots[None, None] <= jnp.arange(p)[None, :, None], (b, p, capacity)),
+                             cache, jnp.zeros((b,), jnp.int32))
+    # A small tree after the prompt (token j sees the prompt, itself and token 0), row 1 one slot further on.
+    start = jnp.asarray([p, p + 1], jnp.int32)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+    rel = slots[None, None, :] - start[:, None, None]
+    j = jnp.arange(t)[None, :, None]
+    mask = (slots[None, None, :] < p) | (rel == 0) | (rel == j)
+    positions = jnp.broadcast_to(p + jnp.minimum(jnp.arange(t), 1), (b, t))
+    h_w, written = serve.forward(tokens, positions, mask, cache, start)
+    h_n, rows = serve.forward(tokens, positions, mask, cache, start, write=False)
+    np.testing.assert_allclose(h_n, h_w, rtol=1e-5, atol=1e-5)
+    assert rows.k.shape == rows.v.shape == (serve.n_layers, b, t, cfg.n_kv_heads, cfg.head_dim)
+    for c_new, r in zip(written.k + written.v, tuple(rows.k) + tuple(rows.v)):
+        for i in range(b):
+            s = int(start[i])
+            np.testing.assert_allclose(r[i], c_new[i, s: s + t], rtol=1e-5, atol=1e-5)
+    # commit writes the chosen rows (here the root and token 2 or 3) right after each row's committed prefix.
+    path = jnp.asarray([[0, 2], [0, 3]], jnp.int32)
+    done = cache.commit(rows, path, start)
+    for c_old, c_done, r in zip(cache.k + cache.v, done.k + done.v, tuple(rows.k) + tuple(rows.v)):
+        for i in range(b):
+            s = int(start[i])
+            np.testing.assert_array_equal(c_done[i, s: s + 2], r[i, np.asarray(path[i])])
+            np.testing.assert_array_equal(c_done[i, :s], c_old[i, :s])
+            np.testing.assert_array_equal(c_done[i, s + 2:], c_old[i, s + 2:])
