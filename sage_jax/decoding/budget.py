@@ -56,13 +56,22 @@ class CostProfile:
 
 def time_ms(fn, *args, repeats: int) -> float:
     """Median milliseconds of `fn(*args)` over `repeats` calls after a compile + warm-up call."""
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    return time_all([(fn, *args)], repeats=repeats)[0]
+
+
+def time_all(calls: list[tuple], repeats: int) -> list[float]:
+    """Median milliseconds of each `fn(*args)` in `calls` ((fn, *args) tuples), timed in `repeats` interleaved
+    rounds after one compile + warm-up call each: on a shared machine the load drifts, and a cost model built
+    from ratios needs every width timed under the same load."""
+    for fn, *args in calls:
         jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+    ts = [[] for _ in calls]
+    for _ in range(repeats):
+        for t, (fn, *args) in zip(ts, calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            t.append(time.perf_counter() - t0)
+    return [float(np.median(t) * 1e3) for t in ts]
 
 
 def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
@@ -86,6 +95,12 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
         return jnp.argmax(target.head(hidden), -1), kv
 
     @jax.jit
+    def ar_step(target, cache, tokens):  # a plain decoding step writes its one token into the cache
+        pos, mask = positions_mask(1)
+        hidden, cache = target.forward(tokens, pos, mask, cache, length)
+        return jnp.argmax(target.head(hidden), -1), cache
+
+    @jax.jit
     def run_draft(target, draft, cache, tokens):
         drafter = build_drafter(draft_spec, target, draft)
         pos, mask = positions_mask(tokens.shape[1])
@@ -96,9 +111,10 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
     t_cache = target.init_cache(1, capacity)
     d_cache = build_drafter(draft_spec, target, draft).init_cache(1, capacity)
     tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
-    v_ms = [time_ms(verify, target, t_cache, tok(w), repeats=repeats) for w in verify_widths]
-    d_ms = [time_ms(run_draft, target, draft, d_cache, tok(w), repeats=repeats) for w in draft_widths]
-    ar = time_ms(verify, target, t_cache, tok(1), repeats=repeats)
+    ms = time_all([(ar_step, target, t_cache, tok(1))]
+                  + [(verify, target, t_cache, tok(w)) for w in verify_widths]
+                  + [(run_draft, target, draft, d_cache, tok(w)) for w in draft_widths], repeats=repeats)
+    ar, v_ms, d_ms = ms[0], ms[1: 1 + len(verify_widths)], ms[1 + len(verify_widths):]
     return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
 
@@ -128,7 +144,7 @@ def cached_profile(key: str, measure) -> CostProfile:
 
 
 # Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers;
-# 4: the verify forward reads the cache and returns the new keys/values).
+# 4: the verify forward reads the cache and returns the new keys/values; widths timed in interleaved rounds).
 PROFILE_VERSION = 4
 
 
