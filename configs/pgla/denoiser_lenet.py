@@ -2,9 +2,11 @@
 a U-Net of width 16 (the paper: 120) with mults (1, 2, 4), DDPM T = 1000 linear β, trained on CPU on 4,000
 Fashion-MNIST surrogate gradients: 3,000 steps of 4 (three passes), 78 min on a 2-core CPU (1.1–1.4 s per step
 alone), then the DnCNN baseline for 3,000 steps (7 min). The conditional channel is trained with 50% dropout, so
-one checkpoint serves the paper's unconditional model (condition zeroed) and its conditional variant.
+one checkpoint serves the paper's unconditional model (condition zeroed) and its conditional variant. The shipped
+weights went on to 7,000 steps, a warm restart of the stretched cosine schedule (~1.1 s per step alone):
 
     python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet
+    python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet --steps 7000 --extend
 """
 
 from pgla_jax.config import DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig
