@@ -185,9 +185,10 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
             hidden, kv = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
                                         s.t_cache, s.length, write=False)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
-            grow = lambda a: jnp.pad(a, ((0, 0), (0, tree.size - w)) + ((0, 0),) * (a.ndim - 2))  # noqa: E731
-            pad_t = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, tree.size - w), (0, 0), (0, 0)))  # noqa: E731
-            return grow(hidden), grow(best), jax.tree.map(pad_t, kv), jnp.int32(w)
+            def grow(a, axis=1):  # the token axis, padded to the tree's size
+                return jnp.pad(a, [(0, tree.size - w) if i == axis else (0, 0) for i in range(a.ndim)])
+
+            return grow(hidden), grow(best), jax.tree.map(lambda a: grow(a, 2), kv), jnp.int32(w)
         return run
 
     hidden, best, tree_kv, v_width = widths.switch(n_tree, v_sizes, verify_at)

@@ -60,10 +60,12 @@ def serving_layer(p: dict) -> dict:
 
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
-          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"], write: bool = True):
+          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"],
+          mask_new: Bool[Array, "B T T"] | None = None):
     """One pre-norm transformer layer on a `serving_layer` (feature-major inside, see the module docstring).
-    Without a cache, queries attend among themselves. With `write=False` the cache is only read, and the new
-    keys/values [B, T, K, H] come back in its place (`LM.forward`)."""
+    Without a cache, queries attend among themselves. With `mask_new` (`split_mask`) the cache is only read, the
+    queries see its slots under `mask` and the new tokens under `mask_new`, and the new keys/values [B, T, K, H]
+    come back in the cache's place (`LM.forward(write=False)`)."""
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
     n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -81,14 +83,8 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     v = qkv[..., (n + kh) * hd:].reshape(b, t, kh, hd)
     q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale), ("batch", "seq", "heads", "head_dim"))
     k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale), ("batch", "seq", "kv_heads", "head_dim"))
-    if k_cache is not None and not write:
-        # Slot write_pos + j would hold token j: its visibility becomes token j's, and the stale entry there is
-        # hidden.
-        slots = write_pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
-        mask_new = jnp.take_along_axis(mask, jnp.broadcast_to(slots[:, None, :], (b, t, t)), axis=2, mode="clip")
-        s_idx = jnp.arange(mask.shape[2], dtype=jnp.int32)[None, None, :]
-        stale = (s_idx >= write_pos[:, None, None]) & (s_idx < write_pos[:, None, None] + t)
-        o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask & ~stale, k, v, mask_new)
+    if k_cache is not None and mask_new is not None:
+        o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask, k, v, mask_new)
         return _mlp(cfg, p, xm, o, b, t), k, v
     if k_cache is not None:
         k_cache = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
@@ -98,6 +94,19 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask)
     return _mlp(cfg, p, xm, o, b, t), k_cache, v_cache
+
+
+def split_mask(mask: Bool[Array, "B T S"], write_pos: Int[Array, " B"]
+               ) -> tuple[Bool[Array, "B T S"], Bool[Array, "B T T"]]:
+    """A cache mask for T tokens written at `write_pos[b] + [0, T)`, split for reading the cache unwritten: the
+    cache part with those T slots hidden (they hold stale entries), and the new tokens' part (slot write_pos + j
+    would hold token j, so token j gets that slot's visibility)."""
+    b, t, s = mask.shape
+    slots = write_pos[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
+    mask_new = jnp.take_along_axis(mask, jnp.broadcast_to(slots[:, None, :], (b, t, t)), axis=2, mode="clip")
+    s_idx = jnp.arange(s, dtype=jnp.int32)[None, None, :]
+    stale = (s_idx >= write_pos[:, None, None]) & (s_idx < write_pos[:, None, None] + t)
+    return mask & ~stale, mask_new
 
 
 def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N H"], b: int, t: int
@@ -176,9 +185,12 @@ class LM:
             return x, None
         if cache.n_layers != self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
+        mask_new = None
+        if not write:  # once for all layers
+            mask, mask_new = split_mask(mask, write_pos)
         ks, vs = [], []
         for p, k_l, v_l in zip(self.layers, cache.k, cache.v, strict=True):  # unrolled
-            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, write)
+            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new)
             ks.append(k_l)
             vs.append(v_l)
         if not write:
