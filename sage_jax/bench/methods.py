@@ -46,7 +46,10 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = ()) ->
            # the same node budget as the static tree: the like-for-like τ comparison
            Method(f"sage@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max), budget=None)]
     if ablations:
-        out += [Method(n, "ours", TreePolicy.sage(**kw), budget=budget) for n, kw in SAGE_ABLATIONS.items()]
+        # At the static tree's node budget too, like sage@N: under --budget auto a CPU chooser may decode plainly,
+        # and every ablation would then be the same AR run, saying nothing about what it ablates.
+        out += [Method(f"{n}@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max, **kw), budget=None)
+                for n, kw in SAGE_ABLATIONS.items()]
     out += [Method(f"sage-fixed-{n}", "ours", TreePolicy.sage(), budget=(n, TreePolicy.sage().d_cap))
             for n in sweep]
     return out

@@ -74,18 +74,26 @@ def autocorrelation(traces: dict, path: str, method: str = "sage", max_lag: int 
     plt = _fig()
     seqs = [(1 - np.asarray(a, float)) * math.log(k) for a in traces.get(method, {}).get("alpha_traces", [])]
     seqs = [s[np.isfinite(s)] for s in seqs]
-    lags, vals = [], []
+    lags, vals, band = [], [], []
     for lag in range(1, max_lag + 1):
-        rs = [np.corrcoef(s[:-lag], s[lag:])[0, 1] for s in seqs if len(s) > lag + 2 and np.std(s) > 0]
-        rs = [r for r in rs if np.isfinite(r)]
-        if rs:
+        pairs = [(np.corrcoef(s[:-lag], s[lag:])[0, 1], len(s) - lag) for s in seqs
+                 if len(s) > lag + 2 and np.std(s) > 0]
+        pairs = [(r, n) for r, n in pairs if np.isfinite(r)]
+        if pairs:
             lags.append(lag)
-            vals.append(float(np.mean(rs)))
+            vals.append(float(np.mean([r for r, _ in pairs])))
+            # 95% band of that mean when entropy is uncorrelated: each prompt's r has variance ≈ 1/n.
+            band.append(1.96 * math.sqrt(sum(1.0 / n for _, n in pairs)) / len(pairs))
     fig, ax = plt.subplots(figsize=(4.5, 3.4))
     ax.bar(lags, vals, color="#55a868")
+    if band:
+        ax.plot(lags, band, "k:", lw=1, label="95% band, no correlation")
+        ax.plot(lags, [-b for b in band], "k:", lw=1)
+        ax.legend(fontsize=7)
+    ax.axhline(0.0, color="k", lw=0.5)
     ax.set_xlabel("lag k (steps)")
-    ax.set_ylabel("autocorrelation of entropy")
-    ax.set_title(f"{method}: draft entropy is temporally correlated", fontsize=9)
+    ax.set_ylabel("autocorrelation (mean over prompts)")
+    ax.set_title(f"{method}: draft entropy, lag-k autocorrelation", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -112,12 +120,30 @@ def verify_cost(profile: dict, path: str) -> str:
     return path
 
 
+def _tree_steps(traces: dict, m: str) -> int:
+    """Steps of method m that built a tree (a finite α)."""
+    return sum(int(np.isfinite(np.asarray(a, float)).sum()) for a in traces.get(m, {}).get("alpha_traces", []))
+
+
+def alpha_methods(traces: dict) -> tuple[str, list[str]]:
+    """(the SAGE run to plot α and entropy of, the methods of the calibration plot).
+
+    Under --budget auto a method may build trees only now and then (the chooser decoding plainly in between): the
+    SAGE run with the most tree steps (sage or a fixed-budget sage@N) is plotted, and EAGLE-2 / static only where
+    they built at least half as many trees.
+    """
+    steps = {m: _tree_steps(traces, m) for m in traces}
+    sage = max((m for m in steps if m == "sage" or m.startswith("sage@")), key=steps.get, default="sage")
+    enough = steps.get(sage, 0) / 2
+    return sage, [sage] + [m for m in ("eagle2", "static") if steps.get(m, 0) > enough]
+
+
 def all_plots(rows, traces, profile, out: str, title: str) -> list[str]:
     os.makedirs(out, exist_ok=True)
+    sage, calibrated = alpha_methods(traces)
     paths = [speedup_bars(rows, os.path.join(out, "speedup.png"), title),
-             calibration(traces, os.path.join(out, "calibration.png"),
-                         [m for m in ("sage", "eagle2", "static") if m in traces]),
-             autocorrelation(traces, os.path.join(out, "entropy_autocorrelation.png"))]
+             calibration(traces, os.path.join(out, "calibration.png"), calibrated),
+             autocorrelation(traces, os.path.join(out, "entropy_autocorrelation.png"), sage)]
     if profile:
         paths.append(verify_cost(profile, os.path.join(out, "verify_cost.png")))
     return paths

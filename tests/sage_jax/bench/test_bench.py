@@ -53,3 +53,15 @@ def test_quick_run_end_to_end(tmp_path, cache_dir):
         assert os.path.getsize(os.path.join(tmp_path, f"{png}.png")) > 1000
     prof = data["meta"]["profile"]
     assert prof["verify_widths"][-1] == 65 and len(prof["verify_ms"]) == len(prof["verify_widths"])
+
+
+def test_alpha_plots_use_the_sage_run_that_built_trees():
+    from sage_jax.bench.plots import alpha_methods
+
+    nan = float("nan")
+    trees = lambda n, plain=0: {"alpha_traces": [[0.5] * n + [nan] * plain], "tau_traces": [[1] * n]}  # noqa: E731
+    # `sage` under --budget auto explored for 3 steps, then decoded plainly; sage@25 built a tree every step.
+    traces = {"ar": trees(0, 40), "sage": trees(3, 40), "sage@25": trees(40), "static": trees(40),
+              "eagle2": trees(4, 40)}
+    assert alpha_methods(traces) == ("sage@25", ["sage@25", "static"])
+    assert alpha_methods({"sage": trees(30), "sage@25": trees(20)}) == ("sage", ["sage"])
