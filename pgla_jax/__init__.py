@@ -13,8 +13,9 @@ Part 1, the attack side (importable on its own; nothing heavy is imported here):
     y1 = fl.one_hot(jnp.asarray(y), 10)
     g = fl.batch_grad(graphdef, params, jnp.asarray(x), y1)      # what a FedSGD client sends
     cfg = ProtectionConfig(noise="gaussian", calibration="paper")
+    plan = protections.plan(cfg, epsilon=10.0, batch=1)         # the noise the client adds (σ from ε)
     g_dp = protections.protected_grad(graphdef, params, jnp.asarray(x), y1, jax.random.key(0), cfg=cfg,
-                                      noise_plan=protections.plan(cfg, epsilon=10.0, batch=1))
+                                      noise_plan=plan)
     rec = dlg.dlg(graphdef, params, g_dp, jax.random.key(1), cfg=AttackConfig(), batch=1, num_classes=10,
                   image_shape=(28, 28, 1))
     print(metrics.psnr(rec.images, x, data_range=1.0), rec.labels)
@@ -25,9 +26,9 @@ Part 2, the gradient diffusion denoiser (`pgla_jax.denoise`)::
     from pgla_jax.denoise import denoisers, store
 
     dens = denoisers.load(store.shipped_path(), make_codec(params, "image2d", 4))   # U-Net + DnCNN + baselines
-    plan = protections.plan(cfg, epsilon=1.0, batch=1)
     g_hat, t_star = dens.run("diffusion", g_dp, plan, jax.random.key(2))   # σ_eff → t*, √n·g', reverse loop
 
 Command lines: ``python -m pgla_jax.attack --config mnist_lenet --images 4 --out runs/mnist`` (the shipped denoiser by
-default) and ``python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet``.
+default) and ``python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet``; see
+docs/pgla.md.
 """

@@ -4,42 +4,19 @@ save PNG grids of the recovered images (OUT/results.md and OUT/results.json too)
 `--denoiser CKPT` is a diffusion checkpoint from `python -m pgla_jax.train_denoiser` (default: the shipped one for
 the paper's DLG LeNet; `none`: classical baselines only). Bad input (unknown config, data path or denoiser, ε ≤ 0,
 batch larger than the data, a checkpoint that does not fit the victim, an existing output file without --force)
-→ one line on stderr and exit code 2.
+→ one line ``error: ...`` on stderr and exit code 2 (`configs.cli`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.util
 import json
 import os
 import sys
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    pass
-
-
-def load_config(spec: str):
-    """`mnist_lenet` (a module in configs/pgla/) or a path to a .py file; either defines get_config()."""
-    if spec.endswith(".py"):
-        if not os.path.isfile(spec):
-            raise UsageError(f"config file {spec} not found")
-        mod_spec = importlib.util.spec_from_file_location("pgla_user_config", spec)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(f"configs.pgla.{spec}")
-        except ModuleNotFoundError:
-            raise UsageError(f"unknown config {spec!r} (no configs/pgla/{spec}.py)") from None
-    if not hasattr(module, "get_config"):
-        raise UsageError(f"config {spec!r} defines no get_config()")
-    return module.get_config()
+from configs import cli
+from pgla_jax.config import ExperimentConfig
 
 
 def _choices(allowed: tuple[str, ...]):
@@ -67,14 +44,12 @@ def _epsilons(text: str) -> tuple[float, ...]:
     return eps
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's default prints the usage block first)
-        raise UsageError(message)
-
-
 def parse(argv) -> argparse.Namespace:
-    p = _Parser(prog="python -m pgla_jax.attack", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python -m pgla_jax.attack", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="mnist_lenet", help="configs/pgla/<name> or a .py file with get_config()")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set protection.delta=1e-5 (repeatable; before the flags "
+                        "below, which win)")
     p.add_argument("--denoiser", default="shipped",
                    help="diffusion checkpoint folder (train_denoiser's WORKDIR/denoiser), 'shipped' (default: the "
                         "paper-setting LeNet checkpoint) or 'none' (classical baselines only)")
@@ -97,7 +72,9 @@ def parse(argv) -> argparse.Namespace:
 
 
 def build_config(args):
-    cfg = load_config(args.config)
+    cfg = cli.load_config(args.config, "configs.pgla", ExperimentConfig)
+    for assignment in args.set:
+        cfg = cli.override(cfg, assignment)
     prot = {k: v[0] for k, v in (("noise", args.noise), ("calibration", args.calibration)) if v is not None}
     att = {k: v for k, v in (("kind", args.attack), ("iterations", args.iterations)) if v is not None}
     top = {k: v for k, v in (("epsilons", args.epsilons), ("num_images", args.images),
@@ -107,7 +84,7 @@ def build_config(args):
         att["lr"] = None
     if args.data_path is not None:
         if not os.path.isdir(args.data_path):
-            raise UsageError(f"data path {args.data_path} not found")
+            raise cli.BadInput(f"data path {args.data_path} not found")
         top["data"] = dataclasses.replace(cfg.data, path=args.data_path)
     return cfg.replace(protection=dataclasses.replace(cfg.protection, **prot),
                        attack=dataclasses.replace(cfg.attack, **att), **top)
@@ -121,7 +98,7 @@ def denoiser_path(spec: str) -> str | None:
 
         spec = shipped_path()
     if not os.path.isdir(spec):
-        raise UsageError(f"denoiser checkpoint {spec} not found")
+        raise cli.BadInput(f"denoiser checkpoint {spec} not found")
     return spec
 
 
@@ -144,53 +121,51 @@ def markdown(rows, clean) -> str:
 
 
 def main(argv=None) -> int:
-    try:
-        args = parse(sys.argv[1:] if argv is None else argv)
-        cfg = build_config(args)
-        os.makedirs(args.out, exist_ok=True)
-        noises = args.noise or (cfg.protection.noise,)
-        cals = args.calibration or (cfg.protection.calibration,)
-        settings = [(n, c) for n in noises for c in cals]
-        stem = f"pgla_{cfg.data.name.split('/')[0]}_{cfg.attack.kind}"
-        figures = [os.path.join(args.out, f"{stem}_{n}_{c}.png") for n, c in settings]
-        outputs = [*figures, os.path.join(args.out, "results.md"), os.path.join(args.out, "results.json")]
-        for path in outputs:
-            if os.path.exists(path) and not args.force:
-                raise UsageError(f"{path} exists; pass --force to overwrite it or choose another --out")
-        ckpt = denoiser_path(args.denoiser)
+    """Runs the command line (`argv` without the program name; None: sys.argv); returns the exit code."""
+    return cli.run(_main, argv)
 
-        # Heavy imports after the argument checks, so bad input fails fast.
-        from tqdm import tqdm
 
-        from configs.checkpoint import CheckpointError
-        from pgla_jax import data, experiment
-        from pgla_jax.codec import make_codec
-        from pgla_jax.denoise import denoisers as den
-        from pgla_jax.models import split_victim
+def _main(argv) -> int:
+    args = parse(argv)
+    cfg = build_config(args)
+    os.makedirs(args.out, exist_ok=True)
+    noises = args.noise or (cfg.protection.noise,)
+    cals = args.calibration or (cfg.protection.calibration,)
+    settings = [(n, c) for n in noises for c in cals]
+    stem = f"pgla_{cfg.data.name.split('/')[0]}_{cfg.attack.kind}"
+    figures = [os.path.join(args.out, f"{stem}_{n}_{c}.png") for n, c in settings]
+    outputs = [*figures, os.path.join(args.out, "results.md"), os.path.join(args.out, "results.json")]
+    for path in outputs:
+        if os.path.exists(path) and not args.force:
+            raise cli.BadInput(f"{path} exists; pass --force to overwrite it or choose another --out")
+    ckpt = denoiser_path(args.denoiser)
 
-        try:
-            ds = data.load(cfg.data)
-            experiment.validate(cfg, ds)
-            dens = den.load(ckpt, make_codec(split_victim(cfg.victim)[1], "image2d", 4))
-        except (ValueError, CheckpointError) as e:  # DataError is a ValueError
-            raise UsageError(str(e)) from None
-        names = args.denoisers or dens.names
-        unknown = [n for n in (*names, *(args.attacked or ())) if n not in dens.names]
-        if unknown:
-            raise UsageError(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
-        attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED) if n in names]
-        per_image = 1 + len(settings) * len(cfg.epsilons) * len(attacked)
-        total = (cfg.num_images // cfg.batch_size) * per_image
-        with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
-            outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,
-                                     attacked=attacked)
-        for (n, c), figure in zip(settings, figures):
-            experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
-                                   title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "
-                                         f"{c} calibration")
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    # Heavy imports after the argument checks, so bad input fails fast.
+    from tqdm import tqdm
+
+    from pgla_jax import data, experiment
+    from pgla_jax.codec import make_codec
+    from pgla_jax.denoise import denoisers as den
+    from pgla_jax.models import split_victim
+
+    with cli.reported(ValueError):  # DataError and CheckpointError are ValueErrors
+        ds = data.load(cfg.data)
+        experiment.validate(cfg, ds)
+        dens = den.load(ckpt, make_codec(split_victim(cfg.victim)[1], "image2d", 4))
+    names = args.denoisers or dens.names
+    unknown = [n for n in (*names, *(args.attacked or ())) if n not in dens.names]
+    if unknown:
+        raise cli.BadInput(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
+    attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED) if n in names]
+    per_image = 1 + len(settings) * len(cfg.epsilons) * len(attacked)
+    total = (cfg.num_images // cfg.batch_size) * per_image
+    with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
+        outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,
+                                 attacked=attacked)
+    for (n, c), figure in zip(settings, figures):
+        experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
+                               title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "
+                                     f"{c} calibration")
     result = {"results": outcome.rows, "clean": outcome.clean, "figure": figures[0], "figures": figures,
               "denoiser_checkpoint": dens.path}
     table = markdown(outcome.rows, outcome.clean)

@@ -1,1 +1,2 @@
-"""PGLA experiment configs: one module per experiment, each with `get_config() -> pgla_jax.config.ExperimentConfig`."""
+"""PGLA configs, one module each with `get_config()`: an `ExperimentConfig` for `python -m pgla_jax.attack --config
+NAME` or a `DenoiserConfig` (`denoiser_*`) for `python -m pgla_jax.train_denoiser --config NAME`."""

@@ -1,12 +1,11 @@
-"""The shipped denoiser (paper setting): gradients of the DLG LeNet (28×28, 13,426 parameters) as a 116×116 image,
-a U-Net of width 16 (the paper: 120) with mults (1, 2, 4), DDPM T = 1000 linear β, trained on CPU on 4,000
-Fashion-MNIST surrogate gradients: 3,000 steps of 4 (three passes), 78 min on a 2-core CPU (1.1–1.4 s per step
-alone), then the DnCNN baseline for 3,000 steps (7 min). The conditional channel is trained with 50% dropout, so
-one checkpoint serves the paper's unconditional model (condition zeroed) and its conditional variant. The shipped
-weights went on to 7,000 steps, a warm restart of the stretched cosine schedule (~1.1 s per step alone):
+"""The shipped denoiser's recipe (the paper's setting on CPU): gradients of the DLG LeNet (28×28, 13,426 parameters)
+as a 116×116 image; a width-16 U-Net (the paper: 120) with mults (1, 2, 4) and a condition channel trained with 50 %
+dropout (one checkpoint is both the unconditional model and its conditional variant); DDPM with T = 1000, linear β;
+4,000 Fashion-MNIST surrogate gradients, batches of 4, 3,000 steps; then the DnCNN baseline, 3,000 steps.
 
     python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet
-    python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet --steps 7000 --extend
+
+The shipped weights (pgla_jax/assets/lenet28) are this run extended to 7,000 steps with `--steps 7000 --extend`.
 """
 
 from pgla_jax.config import DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig

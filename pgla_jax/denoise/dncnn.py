@@ -50,7 +50,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable |
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(optax.cosine_decay_schedule(1e-3, cfg.dncnn_steps,
                                                                                              0.1)))
     opt_state = opt.init(params)
-    mask = codec.mask()
+    mask = codec.mask()[None]  # [1, H, W, 1]: the real (unpadded) entries of every example
     lo, hi = np.log(SIGMA_RANGE[0]), np.log(SIGMA_RANGE[1])
 
     @jax.jit

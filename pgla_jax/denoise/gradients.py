@@ -16,7 +16,6 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Float
 
 from pgla_jax import data, fl
 from pgla_jax.config import GradientDataConfig
@@ -94,9 +93,3 @@ def batch_indices(step: int, batch: int, n: int, seed: int) -> np.ndarray:
         out.extend(perm[pos : pos + batch - len(out)])
     return np.asarray(out)
 
-
-def unflatten_like(flat: Float[np.ndarray, " P"], like):
-    """A flat vector in leaf order → a pytree shaped like `like`."""
-    leaves, tree = jax.tree.flatten(like)
-    sizes = np.cumsum([0] + [int(np.size(x)) for x in leaves])
-    return jax.tree.unflatten(tree, [flat[a:b].reshape(np.shape(x)) for a, b, x in zip(sizes[:-1], sizes[1:], leaves)])

@@ -144,10 +144,3 @@ def _restored(graphdef, like, tree):
     store.load_pure(module, tree)
     return nnx.state(module, nnx.Param)
 
-
-def restore_unet(path: str) -> tuple[UNet, DenoiserConfig]:
-    """The EMA U-Net of a denoiser checkpoint and its config."""
-    tree, cfg, _ = store.load(path)
-    model = UNet(cfg.unet, rngs=nnx.Rngs(0))
-    store.load_pure(model, tree)
-    return model, cfg

@@ -76,9 +76,10 @@ def test_inverting_gradients_recovers_a_batch_of_4(lenet, mnist):
     psnr = np.asarray(metrics.psnr(rec.images[perm], x, data_range=1.0))
     ssim = np.asarray(metrics.ssim(rec.images[perm], x, data_range=1.0))
     print("IG batch-4 image PSNR (dB):", np.round(psnr, 1).tolist(), "SSIM:", np.round(ssim, 3).tolist())
-    # "Visible": every digit well above the ~10 dB of a blank or random image, and structurally similar.
-    assert psnr.min() >= 20.0 and psnr.mean() >= 25.0, psnr
-    assert ssim.min() >= 0.5, ssim
+    # Measured 42.2, 50.4, 46.4, 42.3 dB, SSIM 0.998-0.999 (an earlier run on another CPU: 41.6-47.9 dB); the bars
+    # leave ~7 dB for float rounding, and are far above the ~10 dB of a blank or random image.
+    assert psnr.min() >= 35.0, psnr
+    assert ssim.min() >= 0.95, ssim
     assert float(jnp.min(rec.images)) >= 0.0 and float(jnp.max(rec.images)) <= 1.0  # the box constraint
 
 

@@ -1,12 +1,14 @@
-"""The `python -m pgla_jax.attack` contract: JSON schema, PNG grid, no silent overwrite, exit code 2 on bad input."""
+"""The `python -m pgla_jax.attack` and `python -m pgla_jax.train_denoiser` contracts (`configs.cli`): JSON schema, PNG
+grid, no silent overwrite, one line `error: ...` and exit code 2 on bad input."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from pgla_jax import attack
+from pgla_jax import attack, train_denoiser
 
 ROW_KEYS = {"epsilon", "noise", "calibration", "denoiser", "t_star", "grad_cosine", "grad_psnr", "image_psnr",
             "image_ssim", "label_accuracy"}
@@ -23,9 +25,12 @@ def test_cli_json_and_figure(tmp_path, capsys):
     assert [r["epsilon"] for r in res["results"]] == [1.0, 100.0]
     for r in res["results"]:
         assert ROW_KEYS <= set(r) and r["denoiser"] == "none" and r["noise"] == "gaussian"
-        assert r["calibration"] == "paper" and 0.0 <= r["label_accuracy"] <= 1.0
+        # DLG's label lands on the right class even through ε = 1 noise (the last layer's bias gradient, ≈ p − 1 for
+        # the true class, dwarfs the noise's 0.087).
+        assert r["calibration"] == "paper" and r["label_accuracy"] == 1.0
     eps1, eps100 = res["results"]
-    assert res["clean"]["label_accuracy"] == 1.0 and eps100["label_accuracy"] == 1.0
+    # Measured: clean 51.2 dB, ε = 100 45.2 dB, ε = 1 5.0 dB (mean of the 2 digits).
+    assert res["clean"]["label_accuracy"] == 1.0 and res["clean"]["image_psnr"] >= 40.0
     # More privacy budget → less noise → a better gradient and a better image.
     assert eps100["grad_cosine"] > 0.999 > eps1["grad_cosine"]
     assert eps100["image_psnr"] > eps1["image_psnr"] + 10
@@ -48,11 +53,82 @@ def test_cli_json_and_figure(tmp_path, capsys):
     (["--config", "cifar10_lenet"], "not found"),
     (["--config", "digits_tiny", "--batch-size", "5000", "--images", "5000"], "larger than"),
     (["--config", "digits_tiny", "--noise", "uniform"], "invalid choice"),
+    (["--config", "denoiser_tiny"], "expected ExperimentConfig"),
+    (["--set", "attack.no_such_field=1"], "unknown config key"),
+    (["--set", "attack.iterations=many"], "--set attack.iterations"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert attack.main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and "Traceback" not in err
+
+
+#: Python files that are not configs: --config FILE is one line `error: ...` and exit 2 for each, never a traceback.
+NOT_CONFIGS = {
+    "raises": "raise RuntimeError('boom')\n",
+    "no_get_config": "X = 1\n",
+    "wrong_type": "def get_config():\n    return {'steps': 3}\n",
+    "get_config_raises": "def get_config():\n    1 / 0\n",
+}
+
+
+@pytest.mark.parametrize("kind", list(NOT_CONFIGS))
+def test_a_file_that_is_not_a_config_is_one_line_exit_2(tmp_path, capsys, kind):
+    bad = tmp_path / "not_a_config.py"
+    bad.write_text(NOT_CONFIGS[kind])
+    for main, rest in [(attack.main, ["--out", str(tmp_path / "out")]),
+                       (train_denoiser.main, ["--workdir", str(tmp_path / "work")])]:
+        assert main(["--config", str(bad), *rest]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "not_a_config.py" in err, err
+    assert not (tmp_path / "work").exists()
+
+
+def test_set_overrides_fields_and_the_flags_win():
+    cfg = attack.build_config(attack.parse(["--set", "protection.delta=1e-5", "--set", "attack.iterations=7",
+                                            "--set", "epsilons=(2, 3)", "--iterations", "9"]))
+    assert cfg.protection.delta == 1e-5 and cfg.epsilons == (2.0, 3.0) and cfg.attack.iterations == 9
+    cfg = train_denoiser.build_config(train_denoiser.parse(["--set", "unet.width=8", "--set", "steps=5", "--steps", "6",
+                                                            "--workdir", "unused"]))
+    assert cfg.unet.width == 8 and cfg.steps == 6 and cfg.unet.mults == (1, 2, 4)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--config", "mnist_lenet"], "expected DenoiserConfig"),
+    (["--config", "no_such_config"], "unknown config"),
+    (["--steps", "0"], "--steps must be"),
+    (["--extend"], "--extend needs --steps"),
+    (["--max-steps", "0"], "--max-steps must be"),
+    (["--set", "unet.no_such_field=1"], "unknown config key"),
+])
+def test_train_denoiser_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
+    assert train_denoiser.main([*argv, "--workdir", str(tmp_path / "work")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "work").exists()
+
+
+def test_train_denoiser_workdir_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert train_denoiser.main(["--config", "denoiser_tiny", "--workdir", str(tmp_path / "file")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module,rest", [("pgla_jax.attack", ["--out", "OUT"]),
+                                         ("pgla_jax.train_denoiser", ["--workdir", "OUT"])])
+def test_real_process_with_a_file_that_is_not_a_config(tmp_path, module, rest):
+    bad = tmp_path / "not_a_config.py"
+    bad.write_text(NOT_CONFIGS["raises"])
+    rest = [str(tmp_path / "out") if a == "OUT" else a for a in rest]
+    p = subprocess.run([sys.executable, "-m", module, "--config", str(bad), *rest], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: ") and "RuntimeError: boom" in p.stderr
+
+
+def test_train_denoiser_does_not_import_the_attack_cli():
+    code = "import sys, pgla_jax.train_denoiser; sys.exit('pgla_jax.attack' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
 def test_real_process_exit_code(tmp_path):
@@ -84,9 +160,38 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     assert len(res["results"]) == 8 and len(res["figures"]) == 2
     assert rows[("gaussian", "diffusion")]["t_star"] == 24 and rows[("laplace", "diffusion")]["t_star"] == 6
     assert rows[("laplace", "diffusion_released")]["t_star"] == 4 and rows[("gaussian", "none")]["t_star"] is None
-    assert rows[("gaussian", "none")]["image_psnr"] is None and rows[("gaussian", "diffusion")]["image_psnr"] > 0
+    assert rows[("gaussian", "none")]["image_psnr"] is None and rows[("gaussian", "wiener")]["label_accuracy"] is None
+    # Untrained weights: 24 steps of the correct loop wreck the gradient (cosine 0.32 against 0.51 as received, image
+    # 3.7 dB against the clean gradient's 12.3 dB after 20 iterations), while the released loop, which never
+    # iterates, leaves it where it was (cosine 0.001 / 0.004 from the input's, Gaussian / Laplace).
+    g_none, g_diff, g_rel = (rows[("gaussian", n)] for n in ("none", "diffusion", "diffusion_released"))
+    assert g_diff["grad_cosine"] < g_none["grad_cosine"] - 0.1
+    assert g_diff["image_psnr"] < res["clean"]["image_psnr"] - 4.0
+    for noise in ("gaussian", "laplace"):
+        assert abs(rows[(noise, "diffusion_released")]["grad_cosine"] - rows[(noise, "none")]["grad_cosine"]) < 0.02
+    assert g_rel["image_psnr"] is None
     assert (out / "results.md").read_text().count("\n") == 2 + 1 + 8
     assert json.loads((out / "results.json").read_text())["results"] == res["results"]
     # The same checkpoint on the 28×28 victim does not fit: one line, exit 2.
     assert attack.main(["--config", "mnist_lenet", "--denoiser", ckpt, "--out", str(tmp_path / "x")]) == 2
     assert "trained for a victim" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_denoiser_end_to_end(tmp_path):
+    """The tiny recipe through the real command line (one CPU device, strict rank promotion as in the tests): the data
+    set, the U-Net and DnCNN checkpoints; then a longer schedule on the finished workdir without --extend is the
+    library's refusal, one line and exit 2. ~80-90 s, most of it compiling the U-Net's training step."""
+    from pgla_jax.denoise import store
+
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_NUMPY_RANK_PROMOTION": "raise"}
+    work = tmp_path / "work"
+    argv = [sys.executable, "-m", "pgla_jax.train_denoiser", "--config", "denoiser_tiny", "--workdir", str(work)]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith(f"denoiser checkpoint: {work / 'denoiser'}") and "DnCNN baseline" in p.stderr
+    assert store.load(str(work / "denoiser"))[2]["provenance"]["steps"] == 4
+    assert store.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
+    p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)
+    last = p.stderr.splitlines()[-1]
+    assert p.returncode == 2 and last.startswith("error: ") and "--extend" in last and "Traceback" not in p.stderr
