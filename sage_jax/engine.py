@@ -3,29 +3,37 @@
 Everything that runs per token happens inside two compiled calls (prefill, then the decode loop); this module
 only pads prompts with numpy, keeps the compiled executables, and times them. Compilations are counted here:
 one prefill and one decode loop per (policy, sampling, batch, prompt bucket, new-token bucket).
+`load_engine` builds an `Engine` from paths, with the shipped defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from sage_jax import chat
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
 from sage_jax.decoding import speculative as spec
 from sage_jax.decoding import widths
-from sage_jax.decoding.drafts import DraftSpec, EagleWeights, build_drafter
+from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
+from sage_jax.io import loader, store
+from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.decoder import Decoder
+from sage_jax.models.eagle_head import EagleWeights
 
 MIN_BUCKET = 16
+
+Prompt = str | Sequence[int]
 
 
 def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
@@ -66,7 +74,8 @@ class Stats:
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards
     accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted nodes per priority rank
-    budget: tuple[int, int] | None = None  # (node budget, depth cap) the run used
+    budget: tuple[int, int] | None = None  # (node budget, depth cap) the run used; (0, 0): decoded plainly
+    row_steps: int = 0  # steps summed over the batch's rows while each was still decoding (τ's denominator)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -80,68 +89,95 @@ class Stats:
 
 @dataclasses.dataclass
 class Generation:
+    """What `Engine.generate` returns: the new token ids of every prompt (EOS included when reached), the policy
+    that decoded them, the statistics, and the text up to EOS when the engine has a tokenizer."""
+
     token_ids: list[list[int]]
     policy: str
     stats: Stats
-
-
-def _prefill_spec(cfg, spec_d, target, draft, tokens, pad, temperature, max_new, key, alpha0, n_budget, d_budget):
-    drafter = build_drafter(spec_d, target, draft)
-    return spec.spec_prefill(cfg, target, drafter, tokens, pad, temperature, max_new, key, alpha0, n_budget,
-                             d_budget)
-
-
-def _decode_spec(cfg, spec_d, target, draft, state, temperature):
-    return spec.spec_decode(cfg, target, build_drafter(spec_d, target, draft), state, temperature)
+    text: list[str] | None = None
 
 
 class Engine:
     """A target LM (+ a draft) ready to generate with any policy.
 
     Args:
-      target: the target `Decoder`.
-      draft: a separate draft `Decoder` with the target's vocabulary, an EAGLE-style head (`EagleWeights`, or the
-        path of a head checkpoint), or None.
+      target: the target, a `CausalLM` (from `sage_jax.load`) or an NNX `Decoder`.
+      draft: a separate draft LM with the target's vocabulary (`CausalLM` or `Decoder`), an EAGLE-style head
+        (`EagleWeights`), or None.
       draft_spec: derived from `draft` by default; `DraftSpec(kind="self", n_layers=k)` for a self-draft (the
-        default without a draft: a quarter of the target's layers).
+        default without a draft: a third of the target's layers).
       sampling: static top-k / top-p settings.
+      tokenizer: for text prompts and `Generation.text` (default: the target `CausalLM`'s).
+      profile_dir: where measured cost profiles are kept (`budget="auto"`); default `<cache dir>/profiles`.
+      acceptance_prior: {policy name: `AcceptanceStats.to_json()`}, the draft's acceptance measured elsewhere
+        (`load_engine` reads a draft checkpoint's `acceptance.json`): seeds `budget="auto"` for policies of the
+        same sizes.
     """
 
-    def __init__(self, target: Decoder, draft: Decoder | EagleWeights | str | None = None, *,
-                 draft_spec: DraftSpec | None = None,
-                 sampling: SamplingConfig | None = None):
+    def __init__(self, target: CausalLM | Decoder, draft: CausalLM | Decoder | EagleWeights | None = None, *,
+                 draft_spec: DraftSpec | None = None, sampling: SamplingConfig | None = None, tokenizer=None,
+                 profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None):
+        if isinstance(target, CausalLM) and tokenizer is None:
+            tokenizer = target.tokenizer
         self.target = target
+        self._lm_t = target.serving()  # once: the decoding loops never see the NNX modules
+        self.cfg = self._lm_t.cfg
+        self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
-        # Serving form once (per-layer fused weights); the decoding loops never see the NNX modules.
-        self._lm_t = target.serving()
-        if isinstance(draft, str):
-            draft = EagleWeights.load(draft, self._lm_t)
         if draft_spec is None:
-            kind = "eagle" if isinstance(draft, EagleWeights) else "model"
-            draft_spec = DraftSpec(kind=kind) if draft is not None else DraftSpec(
-                kind="self", n_layers=max(1, target.cfg.n_layers // 4))
+            if isinstance(draft, EagleWeights):
+                draft_spec = DraftSpec(kind="eagle")
+            elif draft is not None:
+                draft_spec = DraftSpec(kind="model")
+            else:
+                draft_spec = DraftSpec(kind="self", n_layers=self_draft_layers(self.cfg.n_layers))
         self.draft_spec = draft_spec
-        self._lm_d = draft.serving() if isinstance(draft, Decoder) else draft
+        self._lm_d = draft.serving() if isinstance(draft, CausalLM | Decoder) else draft
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
+        self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
+        self.acceptance_prior = dict(acceptance_prior or {})
+        self.description = f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
         self.compile_seconds = 0.0
-        self.profile_seconds = 0.0
+
+    @property
+    def target_lm(self):
+        """The target in serving form (`sage_jax.models.lm.LM`): what the compiled loops run."""
+        return self._lm_t
 
     @property
     def compiles(self) -> int:
         """Executables compiled so far (2 per configuration: prefill and decode loop)."""
         return 2 * len(self._compiled)
 
-    def _executables(self, key: tuple, lower) -> tuple[tuple[Any, Any], float]:
-        if key in self._compiled:
-            return self._compiled[key], 0.0
-        t0 = time.perf_counter()
-        exe = lower()
-        dt = time.perf_counter() - t0
-        self._compiled[key] = exe
-        self.compile_seconds += dt
-        return exe, dt
+    # ------------------------------------------------------------------ prompts
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: a string is chat-templated with the tokenizer, ids pass through."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
+            ids = chat.prompt_ids(self.tokenizer, prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("every prompt needs at least one token")
+        return ids
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int, policy: str | TreePolicy = "sage") -> None:
+        """ValueError when a prompt of `prompt_len` tokens plus `max_new_tokens` (bucketed, plus the tree's
+        slack) needs more cache slots than the target's context."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        need = run_config(policy, prompt_len, max_new_tokens).capacity
+        if need > self.cfg.max_position:
+            name = policy if isinstance(policy, str) else policy.name
+            raise ValueError(f"a prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
+                             f"slots with policy {name}, more than the target's context ({self.cfg.max_position})")
+
+    # ------------------------------------------------------------------ budgets
 
     def chooser(self, policy: str | TreePolicy, prompt_len: int = 256, max_new_tokens: int = 128
                 ) -> budget_lib.BudgetChooser:
@@ -154,123 +190,128 @@ class Engine:
             v_sizes = widths.sizes(pol.n_max + 1, 2, cfg.bucket_ratio)
             d_sizes = widths.sizes(pol.frontier, 1, cfg.bucket_ratio)
             desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
-            pkey = budget_lib.profile_key(self.target.cfg, desc, cfg.capacity, v_sizes, d_sizes)
-            t0 = time.perf_counter()
+            pkey = budget_lib.profile_key(self.cfg, desc, cfg.capacity, v_sizes, d_sizes)
             prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
-                self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes))
-            self.profile_seconds += time.perf_counter() - t0
-            self._choosers[key] = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap,
-                                                           frontier=pol.frontier)
+                self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
+            ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier)
+            prior = self.acceptance_prior.get(pol.name)
+            if prior and (prior["n_max"], prior["d_cap"]) == (pol.n_max, pol.d_cap):
+                ch.acceptance.add(budget_lib.AcceptanceStats.from_json(prior))
+            self._choosers[key] = ch
         return self._choosers[key]
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, policy: str | TreePolicy = "sage",
-                 max_new_tokens: int = 128, temperature: float | Sequence[float] = 0.0, seed: int = 0,
-                 alpha_init: float | None = None, budget: tuple[int, int] | str | None = None) -> Generation:
-        """Generates for a batch of tokenized prompts (left-padded internally).
+    # ------------------------------------------------------------------ generation
 
-        `policy`: "ar", a policy name or a `TreePolicy`. `alpha_init`: SAGE's confidence for the first tree
-        (default: the policy's `alpha_init`). `budget`: (node budget, depth cap) at most the policy's static
-        (n_max, d_cap), e.g. from `budget.BudgetChooser`; arrays in the compiled loop, so any value reuses the
-        compilation (default: the static sizes); "auto": chosen by `chooser(policy)` from the measured cost
-        profile and the acceptance statistics of earlier calls, which this call then extends (plain
-        autoregressive decoding, reported as budget (0, 0), when no tree is predicted to pay).
+    def generate(self, prompts: Sequence[Prompt], *, policy: str | TreePolicy = "sage", max_new_tokens: int = 128,
+                 temperature: float | Sequence[float] = 0.0, seed: int = 0, alpha_init: float | None = None,
+                 budget: tuple[int, int] | str | None = None) -> Generation:
+        """Generates for a batch of prompts (strings, chat-templated with the tokenizer, or token ids; left-padded
+        internally).
+
+        `policy`: "ar", a policy name or a `TreePolicy`. `temperature`: one value or one per prompt (0 = greedy;
+        sampled rows keep the target's exact distribution). `alpha_init`: SAGE's confidence for the first tree
+        (default: the policy's). `budget`: (node budget, depth cap) at most the policy's static (n_max, d_cap);
+        arrays in the compiled loop, so any value reuses the compilation (default: the static sizes); "auto":
+        chosen by `chooser(policy)` from the measured cost profile and the acceptance statistics of earlier calls,
+        which this call then extends (plain autoregressive decoding, reported as budget (0, 0) under the requested
+        policy's name, when no tree is predicted to pay).
         """
+        ids = [self.encode(p) for p in prompts]
+        if not ids:
+            raise ValueError("no prompts")
+        if budget == "auto":
+            return self._generate_auto(ids, policy, max_new_tokens, temperature, seed, alpha_init)
         if isinstance(budget, str):
-            if budget != "auto":
-                raise ValueError(f"budget must be (nodes, depth), None or 'auto', got {budget!r}")
-            if policy == "ar":
-                return self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, seed=seed)
-            ch = self.chooser(policy, max(len(p) for p in prompts), max_new_tokens)
-            choice = ch.choose()
-            if choice is None:  # no tree pays on this device with the acceptance seen so far: plain decoding
-                gen = self.generate(prompts, policy="ar", max_new_tokens=max_new_tokens, temperature=temperature,
-                                    seed=seed)
-                gen.stats.budget = (0, 0)
-                return gen
-            gen = self.generate(prompts, policy=policy, max_new_tokens=max_new_tokens, temperature=temperature,
-                                seed=seed, alpha_init=alpha_init, budget=choice)
-            ch.update(gen.stats)
-            return gen
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        temps = np.broadcast_to(np.asarray(temperature, np.float32), (len(prompts),)).copy()
+            raise ValueError(f"budget must be (nodes, depth), None or 'auto', got {budget!r}")
+        self.check_fits(max(len(p) for p in ids), max_new_tokens, policy)
+        temps = np.broadcast_to(np.asarray(temperature, np.float32), (len(ids),)).copy()
         if np.any(temps < 0) or not np.all(np.isfinite(temps)):
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        b = len(prompts)
-        cfgt = self.target.cfg
-        pad_id = cfgt.pad_token_id
-        cfg = run_config(policy, max(len(p) for p in prompts), max_new_tokens, sampling=self.sampling,
-                         eos_ids=tuple(cfgt.eos_token_ids), pad_id=pad_id)
-        if cfg.capacity > cfgt.max_position:
-            raise ValueError(f"prompt + new tokens (+ tree) need {cfg.capacity} cache slots, more than the model's "
-                             f"context {cfgt.max_position}")
-        p_len = cfg.prompt_len
-        tokens = np.full((b, p_len), pad_id, np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, p_len - len(p):] = np.asarray(p, np.int32)
-        pad = np.asarray([p_len - len(p) for p in prompts], np.int32)
-        max_new = np.full((b,), max_new_tokens, np.int32)
-        key = jax.random.key(seed)
-        name = policy if isinstance(policy, str) else policy.name
-
-        if name == "ar":
-            args = (tokens, pad, temps, max_new, key)
-
-            def lower():
-                pre = jax.jit(ar.ar_prefill, static_argnums=0).lower(cfg, self._lm_t, *args).compile()
-                st = jax.eval_shape(functools.partial(ar.ar_prefill, cfg), self._lm_t, *args)
-                dec = jax.jit(ar.ar_decode, static_argnums=0, donate_argnums=2).lower(
-                    cfg, self._lm_t, st, temps).compile()
-                return pre, dec
-
-            (pre, dec), dt = self._executables(("ar", cfg, b), lower)
-            t0 = time.perf_counter()
-            state = jax.block_until_ready(pre(self._lm_t, *args))
-            t1 = time.perf_counter()
-            state = jax.block_until_ready(dec(self._lm_t, state, temps))
-            t2 = time.perf_counter()
-            return self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=0)
-
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+        cfg = run_config(policy, max(len(p) for p in ids), max_new_tokens, sampling=self.sampling,
+                         eos_ids=tuple(self.cfg.eos_token_ids), pad_id=self.cfg.pad_token_id)
+        tokens, pad = self._left_padded(ids, cfg.prompt_len, self.cfg.pad_token_id)
+        head = (tokens, pad, temps, np.full((len(ids),), max_new_tokens, np.int32), jax.random.key(seed))
+        if policy == "ar":
+            state, times = self._run(("ar", cfg, len(ids)), functools.partial(ar.ar_prefill, cfg),
+                                     functools.partial(ar.ar_decode, cfg), (self._lm_t,), head, temps)
+            return self._result(state, "ar", times, draft_forwards=0)
         pol = cfg.policy
-        statics = (cfg, self.draft_spec)
-        alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
         n_b, d_b = (pol.n_max, pol.d_cap) if budget is None else budget
         if not (1 <= n_b <= pol.n_max and 1 <= d_b <= pol.d_cap):
             raise ValueError(f"budget {budget} outside [1, {pol.n_max}] x [1, {pol.d_cap}]")
-        args = (tokens, pad, temps, max_new, key, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32))
+        b = len(ids)
+        alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
+        args = (*head, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32))
+        spec_d = self.draft_spec
 
-        def lower():
-            pre = jax.jit(_prefill_spec, static_argnums=(0, 1)).lower(*statics, self._lm_t, self._lm_d, *args).compile()
-            st = jax.eval_shape(functools.partial(_prefill_spec, *statics), self._lm_t, self._lm_d, *args)
-            dec = jax.jit(_decode_spec, static_argnums=(0, 1), donate_argnums=4).lower(
-                *statics, self._lm_t, self._lm_d, st, temps).compile()
-            return pre, dec
+        def prefill(lm_t, lm_d, *a):
+            return spec.spec_prefill(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), *a)
 
-        (pre, dec), dt = self._executables(("spec", cfg, self.draft_spec, b), lower)
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(pre(self._lm_t, self._lm_d, *args))
-        t1 = time.perf_counter()
-        state = jax.block_until_ready(dec(self._lm_t, self._lm_d, state, temps))
-        t2 = time.perf_counter()
-        gen = self._result(state, name, t1 - t0, t2 - t1, dt, draft_forwards=int(state.draft_forwards))
-        gen.stats.draft_width, gen.stats.verify_width = int(state.draft_width), int(state.verify_width)
-        gen.stats.accepted_at = np.asarray(state.accepted_at).tolist()
-        gen.stats.width_trace = np.asarray(state.width_trace)[: gen.stats.steps].tolist()
-        gen.stats.budget = (int(n_b), int(d_b))
+        def decode(lm_t, lm_d, state, t):
+            return spec.spec_decode(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), state, t)
+
+        state, times = self._run(("spec", cfg, spec_d, b), prefill, decode, (self._lm_t, self._lm_d), args, temps)
+        gen = self._result(state, pol.name, times, draft_forwards=int(state.draft_forwards))
+        st = gen.stats
+        st.draft_width, st.verify_width = int(state.draft_width), int(state.verify_width)
+        st.accepted_at = np.asarray(state.accepted_at).tolist()
+        st.width_trace = np.asarray(state.width_trace)[: st.steps].tolist()
+        st.budget = (int(n_b), int(d_b))
         return gen
 
-    def _result(self, state, name, t_pre, t_dec, t_compile, *, draft_forwards) -> Generation:
+    def _generate_auto(self, ids, policy, max_new_tokens, temperature, seed, alpha_init) -> Generation:
+        """`generate(budget="auto")`: the chooser's budget, or plain decoding when no tree is predicted to pay."""
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        if policy == "ar":
+            return self.generate(ids, policy="ar", **kw)
+        ch = self.chooser(policy, max(len(p) for p in ids), max_new_tokens)
+        choice = ch.choose()
+        if choice is None:
+            gen = self.generate(ids, policy="ar", **kw)
+            gen.policy = policy if isinstance(policy, str) else policy.name
+            gen.stats.budget = (0, 0)
+            return gen
+        gen = self.generate(ids, policy=policy, alpha_init=alpha_init, budget=choice, **kw)
+        ch.update(gen.stats)
+        return gen
+
+    @staticmethod
+    def _left_padded(ids: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.full((len(ids), width), pad_id, np.int32)
+        for i, p in enumerate(ids):
+            tokens[i, width - len(p):] = p
+        return tokens, np.asarray([width - len(p) for p in ids], np.int32)
+
+    def _run(self, key: tuple, prefill: Callable, decode: Callable, models: tuple, args: tuple, temps: np.ndarray
+             ) -> tuple[Any, tuple[float, float, float]]:
+        """Compiles `prefill(*models, *args)` and `decode(*models, state, temps)` once per `key`, then runs both.
+        Returns the final loop state and (prefill, decode, compile) seconds of this call."""
+        compile_s = 0.0
+        if key not in self._compiled:
+            t0 = time.perf_counter()
+            pre = jax.jit(prefill).lower(*models, *args).compile()
+            state = jax.eval_shape(prefill, *models, *args)
+            dec = jax.jit(decode, donate_argnums=len(models)).lower(*models, state, temps).compile()
+            self._compiled[key] = (pre, dec)
+            compile_s = time.perf_counter() - t0
+            self.compile_seconds += compile_s
+        pre, dec = self._compiled[key]
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(pre(*models, *args))
+        t1 = time.perf_counter()
+        state = jax.block_until_ready(dec(*models, state, temps))
+        return state, (t1 - t0, time.perf_counter() - t1, compile_s)
+
+    def _result(self, state, name: str, times: tuple[float, float, float], *, draft_forwards: int) -> Generation:
+        t_pre, t_dec, t_compile = times
         out, n_gen = np.asarray(state.out), np.asarray(state.n_gen)
         ids = [out[i, : n_gen[i]].tolist() for i in range(out.shape[0])]
         steps = int(state.steps)
         if name == "ar":
-            mean_tau, alpha, depth, nodes, taus = 0.0, [], [], [], []
+            mean_tau, alpha, depth, nodes, taus, row_steps = 0.0, [], [], [], [], steps * len(ids)
         else:
-            n_steps = np.maximum(np.asarray(state.n_steps), 1)
-            mean_tau = float(np.sum(np.asarray(state.sum_tau)) / np.sum(n_steps))
+            row_steps = int(np.sum(np.asarray(state.n_steps)))
+            mean_tau = float(np.sum(np.asarray(state.sum_tau)) / max(row_steps, 1))
             alpha = [float(a) for a in np.asarray(state.alpha_trace)[:steps]]
             depth = np.asarray(state.depth_trace)[:steps].tolist()
             nodes = np.asarray(state.nodes_trace)[:steps].tolist()
@@ -282,6 +323,66 @@ class Engine:
             mean_accepted=mean_tau, mean_tokens_per_step=mean_tau + 1.0,
             tokens_per_second=loop_tokens / t_dec if t_dec > 0 and loop_tokens > 0 else 0.0,
             prefill_seconds=t_pre, decode_seconds=t_dec, compile_seconds=t_compile, compiles=self.compiles,
-            alpha_trace=alpha, depth_trace=depth, nodes_trace=nodes, tau_trace=taus,
+            alpha_trace=alpha, depth_trace=depth, nodes_trace=nodes, tau_trace=taus, row_steps=row_steps,
         )
-        return Generation(token_ids=ids, policy=name, stats=stats)
+        text = None
+        if self.tokenizer is not None:
+            text = [chat.decode(self.tokenizer, t, self.cfg.eos_token_ids) for t in ids]
+        return Generation(token_ids=ids, policy=name, stats=stats, text=text)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading an engine from paths.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def self_draft_layers(n_layers: int) -> int:
+    """The default self-draft: the target's first third (10 of SmolLM2's 30 layers)."""
+    return max(1, n_layers // 3)
+
+
+def load_engine(target: str | os.PathLike | CausalLM | None = None, draft: str | os.PathLike | CausalLM | None = None,
+                draft_layers: int | None = None, *, sampling: SamplingConfig | None = None, dtype: str | None = None,
+                mesh=None) -> Engine:
+    """An `Engine` from paths, with the shipped defaults.
+
+    `target`: a GGUF file, an HF directory, our LM checkpoint or a loaded `CausalLM` (default: the shipped
+    SmolLM2-135M-Instruct). `draft`: an LM with the target's vocabulary (the same kinds), or an EAGLE-style head
+    checkpoint (default: for the default target its shipped head; otherwise a self-draft). `draft_layers`: a
+    self-draft of the target's first N layers instead (default without a draft: a third of them). `dtype`, `mesh`:
+    as `sage_jax.load`. Bad paths and models that do not fit each other raise FileNotFoundError or ValueError
+    with a one-line message.
+    """
+    if draft is not None and draft_layers is not None:
+        raise ValueError("give either a draft or draft_layers, not both")
+    if draft_layers is not None and draft_layers < 1:
+        raise ValueError(f"draft_layers must be >= 1, got {draft_layers}")
+    shipped = target is None and draft is None and draft_layers is None
+    if isinstance(target, CausalLM):
+        lm_t = target
+    else:
+        lm_t = loader.load(target if target is not None else loader.default_target(), dtype=dtype, mesh=mesh)
+    if shipped:
+        draft = loader.default_draft()
+    n_layers = lm_t.config.n_layers
+    if draft is None:
+        n = draft_layers if draft_layers is not None else self_draft_layers(n_layers)
+        if n > n_layers:
+            raise ValueError(f"a self-draft of {n} layers: the target has only {n_layers}")
+        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling)
+    if isinstance(draft, CausalLM):
+        d, desc = draft, f"LM {draft.source or 'in memory'}"
+    elif store.kind_of(draft) == store.HEAD_KIND:
+        cfg, params, vocab_ids, _ = store.load_head(draft, dtype=lm_t.config.dtype)
+        serving = lm_t.serving()
+        d = EagleWeights.build(cfg, params, vocab_ids, lm_t.config, serving.embed, serving.lm_head)
+        desc = "shipped EAGLE head (smollm2_eagle)" if shipped else f"EAGLE head {os.fspath(draft)}"
+    else:
+        d, desc = loader.load(draft, dtype=dtype, mesh=mesh), f"LM {os.fspath(draft)}"
+        if d.config.vocab_size != lm_t.config.vocab_size:
+            raise ValueError(f"the draft's vocabulary ({d.config.vocab_size}) is not the target's "
+                             f"({lm_t.config.vocab_size})")
+    prior = {} if isinstance(draft, CausalLM) else store.read_acceptance(draft).get("policies", {})
+    engine = Engine(lm_t, d, sampling=sampling, acceptance_prior=prior)
+    engine.description = desc
+    return engine

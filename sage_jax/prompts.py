@@ -1,8 +1,41 @@
-"""The benchmark's held-out chat prompts: hand-written here, never used for draft training (the draft pipeline
-reads `sage_jax.draft.data` corpora and never imports this module). Several kinds, because acceptance depends
-on how predictable the answer is: code, explanations, rewriting (copy-heavy), lists, math, summaries."""
+"""The project's two fixed sets of held-out chat prompts, hand-written here and never used for draft training.
+
+`EVAL_PROMPTS` (24) are the draft-acceptance check's (`python -m sage_jax.evaluate_draft`); `BENCH_PROMPTS` (32)
+are the speed benchmark's (`python -m sage_jax.bench`). Several kinds, because acceptance depends on how predictable
+the answer is: code, explanations, rewriting (copy-heavy), lists, math, summaries, advice. Training data keeps their
+topics out (`training/wordnet.py`), and `tests/sage_jax/training` checks that no training prompt contains one.
+"""
 
 from __future__ import annotations
+
+EVAL_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("code", "Write a Python function that returns the n-th Fibonacci number iteratively."),
+    ("code", "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."),
+    ("code", "Explain this Python code:\n```python\ndef f(xs):\n    return sorted(set(xs), key=xs.index)\n```"),
+    ("code", "Write a Python class for a stack with push, pop and peek methods."),
+    ("code", "How do I read a CSV file into a list of dictionaries in Python? Show a short example."),
+    ("code", "Write a Python function that counts how often each word appears in a text."),
+    ("explanation", "Explain what a hash table is and why lookups are fast."),
+    ("explanation", "Why is the sky blue? Explain it to a ten-year-old."),
+    ("explanation", "What is the difference between a process and a thread?"),
+    ("explanation", "Explain how photosynthesis works in a few sentences."),
+    ("explanation", "What does HTTP stand for, and what happens when you open a web page?"),
+    ("explanation", "Explain recursion with a simple example."),
+    ("rewriting", "Rewrite this sentence to sound more formal: hey, can u send me the report by tomorrow?"),
+    ("rewriting", "Paraphrase: The meeting was postponed because several team members were ill."),
+    ("rewriting", "Make this clearer: The thing that we did with the stuff last week kind of worked but not really."),
+    ("rewriting", "Rewrite in plain English: The aforementioned party shall indemnify the other party against all "
+                  "losses arising hereunder."),
+    ("rewriting", "Turn this into a polite email: I need the invoice fixed, it has the wrong amount."),
+    ("lists", "List five tips for writing readable code."),
+    ("lists", "List the planets of the solar system in order from the sun."),
+    ("lists", "Give me a list of healthy breakfast ideas."),
+    ("lists", "List the steps to make a cup of tea."),
+    ("lists", "List four common sorting algorithms and their time complexity."),
+    ("lists", "What are the main causes of climate change? Answer as a bulleted list."),
+    ("lists", "List six things to pack for a weekend hiking trip."),
+)
+
 
 BENCH_PROMPTS: tuple[tuple[str, str], ...] = (
     ("code", "Write a Python function that merges two sorted lists into one sorted list."),
@@ -53,3 +86,8 @@ def bench_prompts(n: int | None = None) -> list[str]:
                 order.append(texts[i])
         i += 1
     return order if n is None else order[:n]
+
+
+def held_out_texts(bench: bool = True) -> list[str]:
+    """Every held-out prompt text (with `bench`, the benchmark's too): what training data must stay away from."""
+    return [text for _, text in (*EVAL_PROMPTS, *(BENCH_PROMPTS if bench else ()))]

@@ -33,18 +33,14 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sage_jax.chat import prompt_ids
-    from sage_jax.decoding.drafts import DraftSpec
-    from sage_jax.engine import Engine
-    from sage_jax.io import default_target, load_lm
+    import sage_jax
 
     torch.set_num_threads(os.cpu_count() or 1)
-    path = default_target()
-    cfg, model, tok = load_lm(path)
+    path = sage_jax.default_target()
+    engine = sage_jax.load_engine(path, draft_layers=args.draft_layers)
     d, f = os.path.split(path)
     ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    engine = Engine(model, draft_spec=DraftSpec(kind="self", n_layers=args.draft_layers))
-    prompts = [prompt_ids(tok, p) for p in PROMPTS[: args.prompts]]
+    prompts = [engine.encode(p) for p in PROMPTS[: args.prompts]]
     n = args.new_tokens
 
     def ours(policy):
@@ -58,8 +54,8 @@ def main() -> None:
         return toks / secs, outs
 
     def theirs():
-        kw = dict(max_new_tokens=n, do_sample=False, eos_token_id=list(cfg.eos_token_ids),
-                  pad_token_id=cfg.pad_token_id)
+        kw = dict(max_new_tokens=n, do_sample=False, eos_token_id=list(engine.cfg.eos_token_ids),
+                  pad_token_id=engine.cfg.pad_token_id)
         with torch.no_grad():
             ref.generate(torch.tensor([prompts[0]]), **kw)  # warm-up
             toks, secs, outs = 0, 0.0, []

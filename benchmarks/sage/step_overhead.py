@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sage_jax.decoding.drafts import DraftSpec
+from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.engine import Engine
 from sage_jax.models import Decoder, LMConfig

@@ -178,20 +178,16 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--out", help="also write the Markdown report here")
     args = ap.parse_args(argv)
-    from sage_jax import generate
-    from sage_jax.chat import prompt_ids
-    from sage_jax.decoding.policies import TreePolicy
-    from sage_jax.draft.eval_prompts import EVAL_PROMPTS
+    import sage_jax
+    from sage_jax.prompts import EVAL_PROMPTS
 
     # Before anything compiles: a persistent-cache hit would skip the HLO dump (or hand back stale op names).
     jax.config.update("jax_enable_compilation_cache", False)
-    gargs = generate.parse_args([])
-    generate.check_args(gargs)
-    engine, _, tok, _ = generate.prepare(gargs)
-    prompts = [prompt_ids(tok, text) for _, text in EVAL_PROMPTS[: args.prompts]]
+    engine = sage_jax.load_engine()  # the default target and its shipped head
+    prompts = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
     rows = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        policy = "ar" if name == "ar" else TreePolicy.named(name)
+        policy = "ar" if name == "ar" else sage_jax.TreePolicy.named(name)
         rows[name] = profile_policy(engine, prompts, policy, args.new_tokens, args.top)
         print(f"{name}: {rows[name]['ms_per_step']:.1f} ms/step", file=sys.stderr)
     text = (f"Step profile: default target + shipped draft, greedy, {args.new_tokens} new tokens, "

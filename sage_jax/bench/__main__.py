@@ -9,12 +9,15 @@ Prints a Markdown table; writes DIR/bench.json and DIR/*.png. `--quick`: tiny ra
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
+from configs import cli
+
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m sage_jax.bench", description=__doc__.splitlines()[0])
+    ap = cli.Parser(prog="python -m sage_jax.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="target LM (default: the shipped SmolLM2-135M-Instruct GGUF)")
     ap.add_argument("--draft", help="main draft: an EAGLE-style head or an LM checkpoint (default: the shipped "
                                     "head, else the self-draft)")
@@ -37,21 +40,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     args = parse(argv)
     from sage_jax.bench import plots, run, suite
 
+    if args.max_new_tokens < 1 or args.prompts < 0:
+        raise cli.BadInput("--max-new-tokens must be >= 1 and --prompts >= 0")
     try:
-        if args.max_new_tokens < 1 or args.prompts < 0:
-            raise suite.BadInput("--max-new-tokens must be >= 1 and --prompts >= 0")
-        try:
-            os.makedirs(args.out, exist_ok=True)
-        except OSError as e:
-            raise suite.BadInput(f"cannot create --out {args.out}: {e.strerror}") from None
-        s = suite.build(args)
-    except suite.BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise cli.BadInput(f"cannot create --out {args.out}: {e.strerror}") from None
+    s = suite.build(args)
     meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
 
     def partial(results):  # an interrupted long run still leaves every finished prompt in bench.json
@@ -62,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     table = run.markdown(rows)
     run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta)
     with open(os.path.join(args.out, "bench.json")) as fh:
-        traces = __import__("json").load(fh)["traces"]
+        traces = json.load(fh)["traces"]
     pngs = plots.all_plots(rows, traces, s.profile, args.out, s.title)
     print(f"\n{s.title}\n{meta['machine']}\n\n{table}\n")
     print(f"wrote {os.path.join(args.out, 'bench.json')} and {', '.join(pngs)}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, argv)
 
 
 if __name__ == "__main__":

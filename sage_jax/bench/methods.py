@@ -139,11 +139,11 @@ class HFRunner:
 def export_hf(cfg, params, tok, n_layers: int | None = None, root: str | None = None) -> str:
     """Our canonical params (optionally truncated to the first `n_layers` + final norm + head: the self-draft)
     written as an HF directory under `root` (a temporary directory by default)."""
-    from sage_jax.draft.export import export_lm
+    from sage_jax.io.hf import write_hf
 
     if n_layers is not None:
         params = dict(params, blocks={k: v[:n_layers] for k, v in params["blocks"].items()})
         cfg = cfg.replace(n_layers=n_layers)
     root = root or tempfile.mkdtemp(prefix="sage_bench_hf_")
-    return export_lm(os.path.join(root, f"lm{n_layers or cfg.n_layers}"), cfg, params, tok)
+    return write_hf(os.path.join(root, f"lm{n_layers or cfg.n_layers}"), cfg, params, tok)
 

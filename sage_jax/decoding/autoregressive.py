@@ -1,6 +1,6 @@
 """Prefill and the autoregressive baseline: one `jax.jit` around `lax.while_loop`, batch >= 1, left padding.
 
-Layout of a row: prompt tokens left-padded into P slots (slot s holds position s - pad), then generated
+Layout of a row: prompt tokens left-padded into T slots (slot s holds position s - pad), then generated
 tokens. `length[b]` is the number of cache slots committed so far (including padding).
 """
 
@@ -23,7 +23,7 @@ from sage_jax.models.lm import LM
 class ARConfig:
     """Static shape and sampling config of a run (hashable: a `jax.jit` static argument).
 
-    Attributes: prompt_len P (bucket), max_new_tokens (output buffer), sampling, eos_ids, pad_id.
+    Attributes: prompt_len (the prompt bucket T), max_new_tokens (output buffer), sampling, eos_ids, pad_id.
     """
 
     prompt_len: int
@@ -37,17 +37,17 @@ class ARConfig:
         return self.prompt_len + self.max_new_tokens + 1
 
 
-def prompt_layout(tokens: Int[Array, "B P"], pad: Int[Array, " B"], capacity: int
-                  ) -> tuple[Int[Array, "B P"], Bool[Array, "B P S"]]:
-    """Positions and causal mask of a left-padded prompt written at slots [0, P)."""
+def prompt_layout(tokens: Int[Array, "B T"], pad: Int[Array, " B"], capacity: int
+                  ) -> tuple[Int[Array, "B T"], Bool[Array, "B T S"]]:
+    """Positions and causal mask of a left-padded prompt written at slots [0, T)."""
     b, p = tokens.shape
     slots = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     return jnp.maximum(slots - pad[:, None], 0), causal_visibility(slots, pad, capacity)
 
 
-def prefill(model: LM, tokens: Int[Array, "B P"], pad: Int[Array, " B"], cache: KVCache
-            ) -> tuple[Float[Array, "B P D"], KVCache]:
-    """Runs a left-padded prompt through the model into slots [0, P); returns every slot's hidden state."""
+def prefill(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], cache: KVCache
+            ) -> tuple[Float[Array, "B T D"], KVCache]:
+    """Runs a left-padded prompt through the model into slots [0, T); returns every slot's hidden state."""
     positions, mask = prompt_layout(tokens, pad, cache.capacity)
     return model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
 
@@ -68,7 +68,7 @@ class ARState:
       cache: the target's KV cache.  key: PRNG key.  steps: decode forwards so far.  max_new: [B] per-row limit.
     """
 
-    out: Int[Array, "B N"]
+    out: Int[Array, "B out"]
     n_gen: Int[Array, " B"]
     done: Bool[Array, " B"]
     last: Int[Array, " B"]

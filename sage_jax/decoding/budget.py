@@ -6,6 +6,9 @@ and the draft's forward at every frontier width, on the current device, cached p
 E[τ] comes from running acceptance statistics: how often the node of each priority rank was accepted when the
 budget offered it (`SpecState.accepted_at`), and how deep accepted paths go (τ traces). Because a tree with a
 budget of N nodes is the first N nodes of the unbudgeted tree in priority order, E[τ](N) = Σ_{i ≤ N} p_i.
+Acceptance does not depend on the device, so a draft checkpoint can ship statistics measured on held-out prompts
+(`python -m sage_jax.evaluate_draft --write-prior`) as the chooser's prior: the first request is then decided by
+the model, not spent exploring.
 
 The chosen (N, D) enter the compiled loop as arrays: changing them never recompiles.
 """
@@ -22,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sage_jax.decoding.drafters import build_drafter
 from sage_jax.decoding.tree import causal_visibility
 
 
@@ -77,10 +81,8 @@ def time_all(calls: list[tuple], repeats: int) -> list[float]:
 def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
                     context: int | None = None, repeats: int = 5) -> CostProfile:
     """Times the target (serving-form `LM`) and the draft (`LM`, `EagleWeights` or None for a self-draft, built
-    by `drafts.build_drafter(draft_spec, ...)`) at each width, writing after a `context`-token committed prefix
+    by `drafters.build_drafter(draft_spec, ...)`) at each width, writing after a `context`-token committed prefix
     (default: half the capacity) of a batch-1 cache of `capacity` slots."""
-    from sage_jax.decoding.drafts import build_drafter
-
     context = capacity // 2 if context is None else context
     length, pad = jnp.full((1,), context, jnp.int32), jnp.zeros((1,), jnp.int32)
 
@@ -119,21 +121,16 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
 
 
-def profile_path(key: str) -> str:
-    from sage_jax.io.load import cache_dir
-
-    return os.path.join(cache_dir(), "profiles", hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-
-
-def cached_profile(key: str, measure) -> CostProfile:
-    """The profile stored under `key` (device, models and widths), measured by `measure()` on first use."""
-    path = profile_path(key)
+def cached_profile(key: str, measure, directory: str) -> CostProfile:
+    """The profile stored under `key` (device, models and widths) in `directory`, measured by `measure()` on
+    first use."""
+    path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
     if os.path.isfile(path):
         with open(path) as f:
             return CostProfile(**json.load(f)["profile"])
     prof = measure()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(directory, exist_ok=True)
         tmp = path + f".tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump({"key": key, "profile": prof.to_json()}, f)
@@ -155,45 +152,66 @@ def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft
                        "verify": list(verify_widths), "draft_widths": list(draft_widths)}, sort_keys=True)
 
 
-@dataclasses.dataclass
-class BudgetChooser:
-    """Chooses (node budget N, depth cap D) maximising (E[τ] + 1) / step cost from running statistics.
+def parse(text: str) -> str | tuple[int, int] | None:
+    """A budget as a user writes it: "auto", "static" (the policy's full sizes: None) or "NODES,DEPTH" (both >= 1).
+    ValueError otherwise."""
+    if text in ("auto", "static"):
+        return None if text == "static" else "auto"
+    try:
+        n, d = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"a budget is auto, static or NODES,DEPTH, got {text!r}") from None
+    if n < 1 or d < 1:
+        raise ValueError(f"a budget needs NODES >= 1 and DEPTH >= 1, got {text!r}")
+    return n, d
 
-    Attributes: profile; n_max, d_cap: the policy's static sizes; frontier: its draft width per level;
-    explore_every: every k-th request speculates even when the model says it does not pay (fresh statistics);
-    accepted / offered: per priority rank, accepted nodes and steps whose budget offered that rank;
-    depth_hist: how many steps accepted exactly τ = d tokens; levels / steps: draft levels run and steps;
-    requests / choices: requests added to the statistics / budgets chosen.
+
+@dataclasses.dataclass
+class AcceptanceStats:
+    """How one policy's trees were accepted, summed over requests (device-independent).
+
+    Attributes: n_max, d_cap: the policy's static sizes; accepted / offered: per priority rank, accepted nodes and
+    steps whose budget offered that rank; depth_hist: how many steps accepted exactly τ = d tokens; levels / steps:
+    draft levels run and steps; requests: requests added.
     """
 
-    profile: CostProfile
     n_max: int
     d_cap: int
-    frontier: int
-    explore_every: int = 16
     accepted: np.ndarray = None
     offered: np.ndarray = None
     depth_hist: np.ndarray = None
     levels: float = 0.0
     steps: int = 0
     requests: int = 0
-    choices: int = 0
 
     def __post_init__(self):
-        self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else self.accepted
-        self.offered = np.zeros(self.n_max + 1) if self.offered is None else self.offered
-        self.depth_hist = np.zeros(self.d_cap + 1) if self.depth_hist is None else self.depth_hist
+        self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else np.asarray(self.accepted, float)
+        self.offered = np.zeros(self.n_max + 1) if self.offered is None else np.asarray(self.offered, float)
+        self.depth_hist = np.zeros(self.d_cap + 1) if self.depth_hist is None else np.asarray(self.depth_hist, float)
 
     def update(self, stats) -> None:
-        """Adds one `engine.Stats` (its budget, accepted_at, tau_trace, draft forwards) to the statistics."""
+        """Adds one `engine.Stats` (its budget, accepted_at, tau_trace, draft forwards). `accepted_at` counts over a
+        batch's rows, so every row's step offered the budget's ranks (`row_steps`)."""
         n_b, _ = stats.budget
         self.accepted += np.asarray(stats.accepted_at[: self.n_max + 1], float)
-        self.offered[1: n_b + 1] += stats.steps
+        self.offered[1: n_b + 1] += stats.row_steps
         for t in stats.tau_trace:
             self.depth_hist[min(int(t), self.d_cap)] += 1
         self.levels += max(0, stats.draft_forwards - 1 - stats.steps)  # minus prefill and catch-ups
         self.steps += stats.steps
         self.requests += 1
+
+    def add(self, other: AcceptanceStats) -> None:
+        """Adds another record of the same policy sizes (e.g. a prior measured on held-out prompts)."""
+        if (other.n_max, other.d_cap) != (self.n_max, self.d_cap):
+            raise ValueError(f"statistics of a policy with n_max={other.n_max}, d_cap={other.d_cap} do not fit "
+                             f"n_max={self.n_max}, d_cap={self.d_cap}")
+        self.accepted += other.accepted
+        self.offered += other.offered
+        self.depth_hist += other.depth_hist
+        self.levels += other.levels
+        self.steps += other.steps
+        self.requests += other.requests
 
     def expected_tau(self, n: int, d: int) -> float:
         """E[τ] of a tree cut to `n` nodes and depth `d` (separable: rank statistics × depth statistics)."""
@@ -206,8 +224,47 @@ class BudgetChooser:
         e_d, e_all = float(np.sum(at_least[1: d + 1])), float(np.sum(at_least[1:]))
         return e_n * (e_d / e_all if e_all > 0 else 1.0)
 
+    def to_json(self) -> dict:
+        return {"n_max": self.n_max, "d_cap": self.d_cap, "accepted": self.accepted.tolist(),
+                "offered": self.offered.tolist(), "depth_hist": self.depth_hist.tolist(), "levels": self.levels,
+                "steps": self.steps, "requests": self.requests}
+
+    @classmethod
+    def from_json(cls, d: dict) -> AcceptanceStats:
+        return cls(**d)
+
+
+@dataclasses.dataclass
+class BudgetChooser:
+    """Chooses (node budget N, depth cap D) maximising (E[τ] + 1) / step cost from running statistics.
+
+    Attributes: profile; n_max, d_cap: the policy's static sizes; frontier: its draft width per level;
+    explore_every: every k-th request speculates even when the model says it does not pay (fresh statistics);
+    acceptance: the statistics so far (a prior measured elsewhere may seed it, `AcceptanceStats.add`);
+    choices: budgets chosen.
+    """
+
+    profile: CostProfile
+    n_max: int
+    d_cap: int
+    frontier: int
+    explore_every: int = 16
+    acceptance: AcceptanceStats = None
+    choices: int = 0
+
+    def __post_init__(self):
+        self.acceptance = self.acceptance or AcceptanceStats(self.n_max, self.d_cap)
+
+    def update(self, stats) -> None:
+        """Adds one `engine.Stats` to the acceptance statistics."""
+        self.acceptance.update(stats)
+
+    def expected_tau(self, n: int, d: int) -> float:
+        return self.acceptance.expected_tau(n, d)
+
     def step_cost(self, n: int, d: int) -> float:
-        mean_levels = self.levels / self.steps if self.steps else d - 1
+        a = self.acceptance
+        mean_levels = a.levels / a.steps if a.steps else d - 1
         levels = min(d - 1, mean_levels)
         width = min(self.frontier, n)
         return (self.profile.draft_cost(2) + levels * self.profile.draft_cost(width)
@@ -231,7 +288,7 @@ class BudgetChooser:
         `explore_every`-th request speculates at the best budget even when it does not pay, so that the
         acceptance statistics (and with them the choice) can recover."""
         self.choices += 1
-        if self.steps == 0:
+        if self.acceptance.steps == 0:
             return self.n_max, self.d_cap
         nd = self.best()
         if self.speedup(*nd) >= 1.0 or (self.explore_every and self.choices % self.explore_every == 0):

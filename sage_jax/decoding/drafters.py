@@ -1,26 +1,25 @@
-"""Draft sources behind one small interface: prefill, then score tokens while updating its own KV cache.
+"""Drafters: what proposes tokens, behind one small interface (prefill, then score tokens while updating its own
+KV cache).
 
-Every draft also takes and returns *features*: an EAGLE-style head reads the target's feature of the previous
-token and predicts the next one; LM drafts carry features of width 0 (free). Kinds in this module: a separate
-smaller LM with the target's tokenizer (the paper's setting) and a training-free self-draft (the target's first
-`n_layers` layers + its final norm and head).
+Every drafter also takes and returns *features* (width X): an EAGLE-style head reads the target's feature of the
+previous token and predicts the next one (X = D); LM drafts carry features of width 0 (free). Kinds: a separate
+smaller LM with the target's tokenizer (the paper's setting), a training-free self-draft (the target's first
+`n_layers` layers + its final norm and head), and an EAGLE-style head (`models/eagle_head.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Protocol
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.draft import eagle
-from sage_jax.draft.vocab import DraftVocab
-from sage_jax.models.config import LMConfig
+from sage_jax.models import eagle_head
+from sage_jax.models.eagle_head import EagleWeights
 from sage_jax.models.kv_cache import KVCache
-from sage_jax.models.lm import LM, serving_layer
+from sage_jax.models.lm import LM
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,33 +42,63 @@ class DraftSpec:
             raise ValueError("a self-draft needs n_layers >= 1")
 
 
-@flax.struct.dataclass
-class EagleWeights:
-    """An EAGLE-style head as a pytree: its params, an optional reduced vocabulary, its layer config (static)."""
+class Drafter(Protocol):
+    """What the decoding loops call; built inside the traced function from serving-form models (`build_drafter`).
 
-    head: dict
-    vocab: DraftVocab | None
-    cfg: LMConfig = flax.struct.field(pytree_node=False)
+    Attributes: feature_dim, the width X of the features it reads and predicts.
+    """
 
-    @classmethod
-    def load(cls, path: str, target: LM) -> EagleWeights:
-        """From a checkpoint written by `sage_jax.draft.eagle.save_head`, for the serving-form `target`."""
-        cfg, params, vocab_ids, _ = eagle.load_head(path, dtype=target.cfg.dtype)
-        if cfg.d_model != target.cfg.d_model or cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"{path}: head for d_model={cfg.d_model}, vocab={cfg.vocab_size}; the target has "
-                             f"d_model={target.cfg.d_model}, vocab={target.cfg.vocab_size}")
-        vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target.embed, target.lm_head)
-        params = {**params, "layer": serving_layer(params["layer"])}  # once, not per draft level
-        return cls(head=params, vocab=vocab, cfg=cfg)
+    feature_dim: int
+
+    def init_cache(self, batch: int, capacity: int) -> KVCache: ...
+
+    def prefill(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
+                target_hidden: Float[Array, "B T D"], cache: KVCache) -> KVCache:
+        """Writes the prompt into the draft cache at slots [0, T) (`target_hidden`: the target's features of it)."""
+
+    def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T X"], positions: Int[Array, "B T"],
+                 mask: Bool[Array, "B T S"], cache: KVCache, write_pos: Int[Array, " B"]
+                 ) -> tuple[Float[Array, "B T V"], Float[Array, "B T X"], KVCache]:
+        """Draft log-probabilities over the full vocabulary at every position, the features it predicts (the input
+        `features` are those of each token's predecessor), and the cache with the tokens written at
+        `write_pos[b] + [0, T)`."""
 
 
-def build_drafter(spec: DraftSpec, target: LM, draft: LM | EagleWeights | None):
-    """The drafter the decoding loop runs (built inside the traced function)."""
+def build_drafter(spec: DraftSpec, target: LM, draft: LM | EagleWeights | None) -> Drafter:
+    """The drafter of `spec` over the serving-form `target` and `draft`; ValueError when they do not fit."""
     if spec.kind == "eagle":
         if not isinstance(draft, EagleWeights):
             raise ValueError("draft kind 'eagle' needs EagleWeights")
         return EagleDrafter(draft, target)
-    return Drafter.build(spec, target, draft)
+    if spec.kind == "self":
+        if spec.n_layers > target.n_layers:
+            raise ValueError(f"self-draft with {spec.n_layers} layers > target's {target.n_layers}")
+        return LMDrafter(target.truncated(spec.n_layers))
+    if not isinstance(draft, LM):
+        raise ValueError("draft kind 'model' needs a draft LM")
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft vocab {draft.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
+    return LMDrafter(draft)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMDrafter:
+    """A separate LM, or the target's first layers: reads no features (X = 0)."""
+
+    model: LM
+    feature_dim = 0
+
+    def init_cache(self, batch: int, capacity: int) -> KVCache:
+        return self.model.init_cache(batch, capacity)
+
+    def prefill(self, tokens, positions, mask, target_hidden, cache) -> KVCache:
+        del target_hidden
+        _, cache = self.model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+        return cache
+
+    def __call__(self, tokens, features, positions, mask, cache, write_pos):
+        hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos)
+        return jax.nn.log_softmax(self.model.head(hidden), axis=-1), features, cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,57 +113,18 @@ class EagleDrafter:
         return self.target.cfg.d_model
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
-        return eagle.init_cache(self.weights.cfg, batch, capacity)
+        return eagle_head.init_cache(self.weights.cfg, batch, capacity)
 
     def prefill(self, tokens, positions, mask, target_hidden, cache) -> KVCache:
-        """Prompt pairs (f_{t-1}, x_t) at slots [0, P); the first slot has no predecessor (zero feature)."""
+        """Prompt pairs (f_{t-1}, x_t) at slots [0, T); the first slot has no predecessor (zero feature)."""
         w, t = self.weights, self.target
-        _, cache = eagle.eagle_features(w.head, w.cfg, t.embed, tokens, eagle.shift_features(target_hidden),
-                                        positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+        _, cache = eagle_head.eagle_features(w.head, w.cfg, t.embed, tokens, eagle_head.shift_features(target_hidden),
+                                             positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
         return cache
 
     def __call__(self, tokens, features, positions, mask, cache, write_pos):
         w, t = self.weights, self.target
-        logits, feats, cache = eagle.eagle_forward(w.head, w.cfg, t.embed, t.final_norm, t.lm_head, tokens,
-                                                   features, positions, mask, cache, write_pos, vocab=w.vocab)
+        logits, feats, cache = eagle_head.eagle_forward(w.head, w.cfg, t.embed, t.final_norm, t.lm_head, tokens,
+                                                        features, positions, mask, cache, write_pos, vocab=w.vocab)
         logq = w.vocab.log_probs_full(logits) if w.vocab is not None else jax.nn.log_softmax(logits, axis=-1)
         return logq, feats, cache
-
-
-@dataclasses.dataclass(frozen=True)
-class Drafter:
-    """An LM draft as seen by the decoding loop (built inside the traced function from serving-form models)."""
-
-    model: LM
-
-    @classmethod
-    def build(cls, spec: DraftSpec, target: LM, draft_model: LM | None) -> Drafter:
-        if spec.kind == "self":
-            if spec.n_layers > target.n_layers:
-                raise ValueError(f"self-draft with {spec.n_layers} layers > target's {target.n_layers}")
-            return cls(target.truncated(spec.n_layers))
-        if draft_model is None:
-            raise ValueError("draft kind 'model' needs a draft model")
-        if draft_model.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"draft vocab {draft_model.cfg.vocab_size} != target vocab {target.cfg.vocab_size}")
-        return cls(draft_model)
-
-    feature_dim = 0  # an LM draft reads no target features
-
-    def init_cache(self, batch: int, capacity: int) -> KVCache:
-        return self.model.init_cache(batch, capacity)
-
-    def prefill(self, tokens: Int[Array, "B P"], positions: Int[Array, "B P"], mask: Bool[Array, "B P S"],
-                target_hidden: Float[Array, "B P D"], cache: KVCache) -> KVCache:
-        """Writes the prompt into the draft cache at slots [0, P) (`target_hidden`: for feature drafts)."""
-        del target_hidden
-        _, cache = self.model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
-        return cache
-
-    def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T F"], positions: Int[Array, "B T"],
-                 mask: Bool[Array, "B T S"], cache: KVCache, write_pos: Int[Array, " B"]
-                 ) -> tuple[Float[Array, "B T V"], Float[Array, "B T F"], KVCache]:
-        """Draft log-probabilities at every position, the features it predicts (width `feature_dim`; the input
-        `features` are the ones of each token's predecessor), and the cache with the tokens written."""
-        hidden, cache = self.model.forward(tokens, positions, mask, cache, write_pos)
-        return jax.nn.log_softmax(self.model.head(hidden), axis=-1), features, cache

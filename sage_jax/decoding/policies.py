@@ -149,7 +149,7 @@ def confidence(logq: Float[Array, "... V"], k: int) -> Float[Array, "..."]:
     return confidence_topk(jax.lax.top_k(logq, k)[0])
 
 
-def confidence_topk(top_logq: Float[Array, "... k"]) -> Float[Array, "..."]:
+def confidence_topk(top_logq: Float[Array, "... J"]) -> Float[Array, "..."]:
     """`confidence` from the k largest log-probabilities (already selected)."""
     k = top_logq.shape[-1]
     top = jnp.exp(top_logq)
@@ -179,21 +179,21 @@ def admission(
     policy: TreePolicy,
     level: Int[Array, ""],
     shape: StepShape,
-    parent_valid: Bool[Array, "B F"],
-    parent_local_p: Float[Array, "B F"],
-    parent_cum_logp: Float[Array, "B F"],
-    child_logq: Float[Array, "B F k"],
-) -> tuple[Bool[Array, "B F k"], Float[Array, "B F k"]]:
+    parent_valid: Bool[Array, "B R"],
+    parent_local_p: Float[Array, "B R"],
+    parent_cum_logp: Float[Array, "B R"],
+    child_logq: Float[Array, "B R J"],
+) -> tuple[Bool[Array, "B R J"], Float[Array, "B R J"]]:
     """Which rank-r children of the frontier may enter the tree at `level` (1 = children of the root), and their
     priority (higher is admitted first under the node budget). Template tables enter as static constants."""
-    b, f, k = child_logq.shape
+    b, r, k = child_logq.shape
     cum = parent_cum_logp[..., None] + child_logq
     ranks = jnp.arange(k)[None, None, :]
     active = (level <= shape.depth)[:, None, None] & parent_valid[..., None]
     if policy.name in ("chain", "static"):
         allowed_t, prio_t = tree_lib.template_tables(policy.template, policy.frontier, policy.top_k, policy.d_cap)
         allowed = jnp.asarray(allowed_t)[level][None] & active
-        return allowed, jnp.broadcast_to(jnp.asarray(prio_t)[level][None], (b, f, k))
+        return allowed, jnp.broadcast_to(jnp.asarray(prio_t)[level][None], (b, r, k))
     if policy.name == "eagle2":
         return active & jnp.isfinite(cum), cum
     # SAGE: width per parent (decayed below the first level), then the probability threshold θ_l.

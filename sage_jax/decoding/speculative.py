@@ -1,9 +1,12 @@
 """The speculative decoding loop: draft a tree, verify it in one target forward, commit the accepted path.
 
 One `jax.jit` around `lax.while_loop`; the policy's per-step values (α, depth, width, D_max) live in the state
-as arrays. Draft cache protocol: at the start of a step the draft has seen every committed token up to slot
-`length_d`; the `pending` tokens (the previous step's accepted path and its bonus token, the last being the
-tree's root) are caught up in one forward of width d_cap + 1 that also yields the root's distribution.
+as arrays. A step is five pure functions, in order: `draft` (catch the draft up, then build the tree),
+`verify`, `commit`, `update_policy` and `record`.
+
+Draft cache protocol: at the start of a step the draft has seen every committed token up to slot `length_d`; the
+`pending` tokens (the previous step's accepted path and its bonus token, the last being the tree's root) are caught
+up in one forward of width at most d_cap + 1 that also yields the root's distribution.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies, sampling, verify, widths
+from sage_jax.decoding import policies, sampling, widths
+from sage_jax.decoding import verify as verify_lib
 from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
-from sage_jax.decoding.drafting import build_tree
-from sage_jax.decoding.drafts import Drafter
-from sage_jax.decoding.tree import causal_visibility
-from sage_jax.models.kv_cache import KVCache
+from sage_jax.decoding.drafters import Drafter
+from sage_jax.decoding.tree import Tree, causal_visibility
+from sage_jax.decoding.tree_builder import Pool, build_tree
+from sage_jax.models.kv_cache import KVCache, NewKV
 from sage_jax.models.lm import LM
 
 
@@ -49,36 +53,36 @@ class SpecConfig(ARConfig):
 
 @flax.struct.dataclass
 class SpecState:
-    """Speculative loop state (all arrays).
+    """Speculative loop state (all arrays; dimension names as in `sage_jax/__init__.py`, A = d_cap + 1).
 
     Attributes:
-      out: [B, max_new + d_cap + 1] generated tokens.  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
+      out: [B, out] generated tokens (out = max_new + A).  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
       length: [B] target cache slots committed (the root sits at slot `length`).  pad: [B] left padding.
       root: [B] last committed token (not yet in the target cache).
-      pending: [B, d_cap + 1] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on;
-        `pending_feat` [B, d_cap + 1, F]: the target's feature of each one's predecessor (F = 0 for LM drafts).
+      pending: [B, A] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on;
+        `pending_feat` [B, A, X]: the target's feature of each one's predecessor (X = 0 for LM drafts).
       t_cache, d_cache: target and draft KV caches.  key: PRNG key.
       alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
-      hist: [B, window] recent τ, `hist_n` [B] how many were recorded.
+      hist: [B, hist] recent τ, `hist_n` [B] how many were recorded.
       n_budget, d_budget: [B] the hardware-aware node budget (<= n_max) and depth cap (<= d_cap).
       steps: loop iterations.  sum_tau, n_steps: [B] accepted tokens (bonus excluded) and active steps per row.
       draft_forwards: draft forwards spent (batched).  draft_width, verify_width: summed static widths those
         forwards and the target's verify forwards ran at (with bucketing, what the step really paid for).
-      accepted_at: [n_max + 1] how often a node of each priority rank (1 = admitted first) was accepted, over
-        active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
-      alpha_trace, depth_trace, nodes_trace, width_trace, tau_trace: [max_steps] per-step values of row 0
+      accepted_at: [ranks] (n_max + 1) how often a node of each priority rank (1 = admitted first) was accepted,
+        over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
+      alpha_trace, depth_trace, nodes_trace, width_trace, tau_trace: [steps] per-step values of row 0
         (width: the widest level).
     """
 
-    out: Int[Array, "B N"]
+    out: Int[Array, "B out"]
     n_gen: Int[Array, " B"]
     done: Bool[Array, " B"]
     max_new: Int[Array, " B"]
     length: Int[Array, " B"]
     pad: Int[Array, " B"]
     root: Int[Array, " B"]
-    pending: Int[Array, "B D"]
-    pending_feat: Float[Array, "B D F"]
+    pending: Int[Array, "B A"]
+    pending_feat: Float[Array, "B A X"]
     n_pending: Int[Array, " B"]
     length_d: Int[Array, " B"]
     t_cache: KVCache
@@ -86,7 +90,7 @@ class SpecState:
     key: jax.Array
     alpha: Float[Array, " B"]
     d_max: Int[Array, " B"]
-    hist: Float[Array, "B H"]
+    hist: Float[Array, "B hist"]
     hist_n: Int[Array, " B"]
     n_budget: Int[Array, " B"]
     d_budget: Int[Array, " B"]
@@ -96,180 +100,272 @@ class SpecState:
     draft_forwards: Int[Array, ""]
     draft_width: Int[Array, ""]
     verify_width: Int[Array, ""]
-    accepted_at: Int[Array, " R"]
-    alpha_trace: Float[Array, " M"]
-    depth_trace: Int[Array, " M"]
-    nodes_trace: Int[Array, " M"]
-    width_trace: Int[Array, " M"]
-    tau_trace: Int[Array, " M"]
+    accepted_at: Int[Array, " ranks"]
+    alpha_trace: Float[Array, " steps"]
+    depth_trace: Int[Array, " steps"]
+    nodes_trace: Int[Array, " steps"]
+    width_trace: Int[Array, " steps"]
+    tau_trace: Int[Array, " steps"]
 
 
-def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens, pad, temperature, max_new, key,
+def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
+                 temperature: Float[Array, " B"], max_new: Int[Array, " B"], key: jax.Array,
                  alpha0: Float[Array, " B"], n_budget: Int[Array, " B"] | None = None,
                  d_budget: Int[Array, " B"] | None = None) -> SpecState:
     """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
     confidence that shapes the first tree; `n_budget` / `d_budget`: node budget and depth cap (default: the
     policy's static n_max / d_cap). All per-request values, so arrays."""
-    b, p = tokens.shape
+    b, t = tokens.shape
     pol = cfg.policy
+    a = pol.d_cap + 1
     t_cache = target.init_cache(b, cfg.capacity)
     hidden, t_cache = prefill(target, tokens, pad, t_cache)
     positions, mask = prompt_layout(tokens, pad, cfg.capacity)
     d_cache = drafter.prefill(tokens, positions, mask, hidden, drafter.init_cache(b, cfg.capacity))
     key, sub = jax.random.split(key)
     first = sampling.sample(sub, target.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
-    feat = jnp.zeros((b, pol.d_cap + 1, drafter.feature_dim), hidden.dtype)
-    feat = feat.at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
-    out = jnp.full((b, cfg.max_new_tokens + pol.d_cap + 1), cfg.pad_id, jnp.int32).at[:, 0].set(first)
-    m = cfg.max_steps
+    feat = jnp.zeros((b, a, drafter.feature_dim), hidden.dtype).at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
+    out = jnp.full((b, cfg.max_new_tokens + a), cfg.pad_id, jnp.int32).at[:, 0].set(first)
+    n_steps = cfg.max_steps
     n_budget = jnp.full((b,), pol.n_max, jnp.int32) if n_budget is None else n_budget
     d_budget = jnp.full((b,), pol.d_cap, jnp.int32) if d_budget is None else d_budget
     return SpecState(
         out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
-        max_new=max_new, length=jnp.full((b,), p, jnp.int32), pad=pad, root=first,
-        pending=jnp.zeros((b, pol.d_cap + 1), jnp.int32).at[:, 0].set(first), pending_feat=feat,
+        max_new=max_new, length=jnp.full((b,), t, jnp.int32), pad=pad, root=first,
+        pending=jnp.zeros((b, a), jnp.int32).at[:, 0].set(first), pending_feat=feat,
         n_pending=jnp.ones((b,), jnp.int32),
-        length_d=jnp.full((b,), p, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
+        length_d=jnp.full((b,), t, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
         alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
         hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
         n_budget=jnp.clip(n_budget, 1, pol.n_max).astype(jnp.int32),
         d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
-        draft_forwards=jnp.int32(1), draft_width=jnp.int32(p), verify_width=jnp.int32(0),
-        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), alpha_trace=jnp.full((m,), jnp.nan, jnp.float32),
-        depth_trace=jnp.zeros((m,), jnp.int32), nodes_trace=jnp.zeros((m,), jnp.int32),
-        width_trace=jnp.zeros((m,), jnp.int32), tau_trace=jnp.zeros((m,), jnp.int32),
+        draft_forwards=jnp.int32(1), draft_width=jnp.int32(t), verify_width=jnp.int32(0),
+        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), alpha_trace=jnp.full((n_steps,), jnp.nan, jnp.float32),
+        depth_trace=jnp.zeros((n_steps,), jnp.int32), nodes_trace=jnp.zeros((n_steps,), jnp.int32),
+        width_trace=jnp.zeros((n_steps,), jnp.int32), tau_trace=jnp.zeros((n_steps,), jnp.int32),
     )
 
 
-def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature) -> SpecState:
-    pol = cfg.policy
-    b, dc = s.root.shape[0], pol.d_cap
-    capacity = s.t_cache.capacity
-    active = ~s.done
+# ******** Draft: catch up on the pending tokens, then build the tree. ********
 
-    # ******** Draft: catch up on the pending tokens; the last one is the root. ********
-    cu_slots = s.length_d[:, None] + jnp.arange(dc + 1, dtype=jnp.int32)[None]
-    cu_mask = causal_visibility(cu_slots, s.pad, capacity)
-    last = (s.n_pending - 1)[:, None, None]
 
-    def catch_up(w):
+@flax.struct.dataclass
+class Draft:
+    """One step's draft.
+
+    Attributes: tree (the verified view, valid nodes packed first); pool (every candidate, for α statistics);
+    cache: the draft cache after the catch-up and the tree's levels; alpha: [B] the confidence of this step's root
+    distribution; alpha_used: [B] the α that shaped this tree; forwards, width: draft forwards spent and their
+    summed static widths.
+    """
+
+    tree: Tree
+    pool: Pool
+    cache: KVCache
+    alpha: Float[Array, " B"]
+    alpha_used: Float[Array, " B"]
+    forwards: Int[Array, ""]
+    width: Int[Array, ""]
+
+
+def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
+             ) -> tuple[Float[Array, "B V"], Float[Array, "B X"], KVCache, Int[Array, ""]]:
+    """Runs the draft over the pending tokens (at the smallest static width holding them): the root's draft
+    log-probabilities and predicted feature, the draft cache, and the width it ran at."""
+    a = cfg.policy.d_cap + 1
+    slots = s.length_d[:, None] + jnp.arange(a, dtype=jnp.int32)[None]
+    mask = causal_visibility(slots, s.pad, s.d_cache.capacity)
+    last = (s.n_pending - 1)[:, None, None]  # the root: the last pending token
+
+    def at_width(w):
         def run():
-            logq, feat, c = drafter(s.pending[:, :w], s.pending_feat[:, :w], (cu_slots - s.pad[:, None])[:, :w],
-                                    cu_mask[:, :w], s.d_cache, s.length_d)
-            root_logq = jnp.take_along_axis(logq, jnp.minimum(last, w - 1), 1)[:, 0]
-            root_feat = jnp.take_along_axis(feat, jnp.minimum(last, w - 1), 1)[:, 0]
-            return root_logq, root_feat, c, jnp.int32(w)
+            logq, feat, cache = drafter(s.pending[:, :w], s.pending_feat[:, :w], (slots - s.pad[:, None])[:, :w],
+                                        mask[:, :w], s.d_cache, s.length_d)
+            pick = jnp.minimum(last, w - 1)
+            return (jnp.take_along_axis(logq, pick, 1)[:, 0], jnp.take_along_axis(feat, pick, 1)[:, 0], cache,
+                    jnp.int32(w))
         return run
 
-    cu_sizes = widths.sizes(dc + 1, 1, cfg.bucket_ratio)
-    root_logq, root_feat, d_cache, cu_width = widths.switch(jnp.max(s.n_pending), cu_sizes, catch_up)
-    alpha_now = policies.confidence(root_logq, pol.top_k)
-    alpha_use = alpha_now if pol.alpha_source == "fresh_root" else s.alpha
-    shape = policies.step_shape(pol, alpha_use, s.d_max, s.d_budget)
-    tree, pool, d_cache, n_levels, level_width = build_tree(
-        pol, drafter, d_cache, s.root, root_logq, alpha_now, root_feat, shape, s.length, s.pad,
+    return widths.switch(jnp.max(s.n_pending), widths.sizes(a, 1, cfg.bucket_ratio), at_width)
+
+
+def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
+    """Catches the draft up, reads α from the root distribution, shapes and builds this step's tree."""
+    pol = cfg.policy
+    root_logq, root_feat, cache, cu_width = catch_up(cfg, drafter, s)
+    alpha = policies.confidence(root_logq, pol.top_k)
+    alpha_used = alpha if pol.alpha_source == "fresh_root" else s.alpha
+    shape = policies.step_shape(pol, alpha_used, s.d_max, s.d_budget)
+    tree, pool, cache, n_levels, level_width = build_tree(
+        pol, drafter, cache, s.root, root_logq, alpha, root_feat, shape, s.length, s.pad,
         budget=s.n_budget, bucket_ratio=cfg.bucket_ratio)
+    return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
+                 width=cu_width + level_width)
 
-    # ******** Verify: one target forward over root + tree (at the smallest width holding its nodes). ********
-    key, sub = jax.random.split(s.key)
+
+# ******** Verify: one target forward over root + tree, at the smallest width holding its nodes. ********
+
+
+@flax.struct.dataclass
+class Verdict:
+    """What the target accepted.
+
+    Attributes: path: [B, A] tree slots of the accepted path, root first (unused depths repeat its last node);
+    tau: [B] accepted draft tokens; bonus: [B] the target's token after them; path_feat: [B, A, X] the target's
+    features along the path (the draft's next inputs); new_kv: the keys/values of every tree node (the commit
+    writes the path's); width: the static width the forward ran at.
+    """
+
+    path: Int[Array, "B A"]
+    tau: Int[Array, " B"]
+    bonus: Int[Array, " B"]
+    path_feat: Float[Array, "B A X"]
+    new_kv: NewKV
+    width: Int[Array, ""]
+
+
+def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, feature_dim: int, temperature: Float[Array, " B"],
+           key: jax.Array) -> Verdict:
+    """The target's forward over the tree (the cache is only read; `commit` writes the accepted rows), then greedy
+    acceptance, or for rows with T > 0 sequential rejection sampling (`verify.py`)."""
+    dc, capacity = cfg.policy.d_cap, s.t_cache.capacity
     n_tree = jnp.max(jnp.sum(tree.valid, 1))  # root included
-    v_sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
+    sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
 
-    def verify_at(w):
+    def grow(x, axis=1):  # the node axis, padded back to the tree's static size
+        return jnp.pad(x, [(0, tree.size - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)])
+
+    def forward_at(w):
         def run():
             t = tree.prefix(w)
             positions = (s.length - s.pad)[:, None] + t.depth
-            # The cache is only read here; the accepted rows of `kv` are written at the commit, outside the
-            # switch (`LM.forward`, write=False).
             hidden, kv = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
                                         s.t_cache, s.length, write=False)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
-            def grow(a, axis=1):  # the token axis, padded to the tree's size
-                return jnp.pad(a, [(0, tree.size - w) if i == axis else (0, 0) for i in range(a.ndim)])
-
-            return grow(hidden), grow(best), jax.tree.map(lambda a: grow(a, 2), kv), jnp.int32(w)
+            return grow(hidden), grow(best), jax.tree.map(lambda x: grow(x, 2), kv), jnp.int32(w)
         return run
 
-    hidden, best, tree_kv, v_width = widths.switch(n_tree, v_sizes, verify_at)
-    greedy = verify.accept_greedy_best(tree, best, dc)
+    hidden, best, new_kv, width = widths.switch(n_tree, sizes, forward_at)
+    greedy = verify_lib.accept_greedy_best(tree, best, dc)
 
     def sampled(_):  # T > 0 rows: the target's processed log-probs at the verified width, -inf padded
-        def head_at(w):
+        def logp_at(w):
             def run():
                 logp = sampling.processed_logprobs(target.head(hidden[:, :w]), temperature, cfg.sampling)
                 return jnp.pad(logp, ((0, 0), (0, tree.size - w), (0, 0)), constant_values=-jnp.inf)
             return run
 
-        s_ = verify.accept_sampled(sub, tree, widths.switch(n_tree, v_sizes, head_at), dc)
+        drawn = verify_lib.accept_sampled(key, tree, widths.switch(n_tree, sizes, logp_at), dc)
         pick = temperature > 0
-        return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(s_, greedy))
+        return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(drawn, greedy))
 
     path, tau, bonus = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
-    path_feat = jnp.take_along_axis(hidden, path[:, :, None], 1)[..., : drafter.feature_dim]
+    path_feat = jnp.take_along_axis(hidden, path[:, :, None], 1)[..., :feature_dim]
+    return Verdict(path=path, tau=tau, bonus=bonus, path_feat=path_feat, new_kv=new_kv, width=width)
 
-    # ******** Commit: accepted path + bonus, cut at EOS and at the row's token limit. ********
-    i = jnp.arange(dc + 1, dtype=jnp.int32)[None]
-    path_tokens = jnp.take_along_axis(tree.tokens, path, 1)  # [B, dc+1], root first
+
+# ******** Commit: the accepted path and its bonus token, cut at EOS and at the row's token limit. ********
+
+
+def _keep(active: Bool[Array, " B"], new, old):
+    """`new` on the rows still decoding, `old` on the finished ones."""
+    return jnp.where(active.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+
+
+def commit(cfg: SpecConfig, s: SpecState, tree: Tree, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
+    """Appends the accepted tokens to `out`, writes their keys/values to the target cache, and queues them (the
+    bonus last, the next root) as the draft's pending tokens."""
+    b, a = s.root.shape[0], cfg.policy.d_cap + 1
+    i = jnp.arange(a, dtype=jnp.int32)[None]
+    path_tokens = jnp.take_along_axis(tree.tokens, v.path, 1)  # root first
     shifted = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], 1)
-    new = jnp.where(i < tau[:, None], shifted, jnp.where(i == tau[:, None], bonus[:, None], cfg.pad_id))
-    eos = is_eos(new, cfg.eos_ids) & (i <= tau[:, None])
-    n_new = jnp.where(jnp.any(eos, 1), jnp.argmax(eos, 1) + 1, tau + 1)
+    new = jnp.where(i < v.tau[:, None], shifted, jnp.where(i == v.tau[:, None], v.bonus[:, None], cfg.pad_id))
+    eos = is_eos(new, cfg.eos_ids) & (i <= v.tau[:, None])
+    n_new = jnp.where(jnp.any(eos, 1), jnp.argmax(eos, 1) + 1, v.tau + 1)
     n_new = jnp.where(active, jnp.minimum(n_new, s.max_new - s.n_gen), 0).astype(jnp.int32)
-    new = jnp.where(i < n_new[:, None], new, cfg.pad_id)
-    out = jax.vmap(lambda o, u, at: jax.lax.dynamic_update_slice_in_dim(o, u, at, 0))(s.out, new, s.n_gen)
+    emitted = jnp.where(i < n_new[:, None], new, cfg.pad_id)
+    out = jax.vmap(lambda o, u, at: jax.lax.dynamic_update_slice_in_dim(o, u, at, 0))(s.out, emitted, s.n_gen)
     n_gen = s.n_gen + n_new
     done = s.done | (active & jnp.any(eos & (i < n_new[:, None]), 1)) | (n_gen >= s.max_new)
-    t_cache = s.t_cache.commit(tree_kv, path, s.length)
+    return s.replace(
+        out=out, n_gen=n_gen, done=done, t_cache=s.t_cache.commit(v.new_kv, v.path, s.length),
+        length=_keep(active, s.length + 1 + v.tau, s.length), root=_keep(active, v.bonus, s.root),
+        pending=_keep(active, jnp.where(i <= v.tau[:, None], emitted, 0), s.pending),
+        n_pending=_keep(active, v.tau + 1, s.n_pending), pending_feat=_keep(active, v.path_feat, s.pending_feat),
+        length_d=_keep(active, s.length + 1, s.length_d))
 
-    # ******** Policy state: α for the next tree, τ history moving D_max. ********
+
+# ******** Policy state: α for the next tree, and the τ history that moves D_max. ********
+
+
+def update_policy(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"]
+                  ) -> SpecState:
     if pol.alpha_source == "accepted_path_mean":
-        node_alpha = jnp.take_along_axis(pool.alpha, path, 1)
-        on = (i <= tau[:, None]) & ~jnp.isnan(node_alpha)
-        alpha_next = jnp.sum(jnp.where(on, node_alpha, 0), 1) / jnp.maximum(jnp.sum(on, 1), 1)
+        node_alpha = jnp.take_along_axis(d.pool.alpha, v.path, 1)
+        on = (jnp.arange(v.path.shape[1])[None] <= v.tau[:, None]) & ~jnp.isnan(node_alpha)
+        alpha = jnp.sum(jnp.where(on, node_alpha, 0), 1) / jnp.maximum(jnp.sum(on, 1), 1)
     else:
-        alpha_next = alpha_now
-    hist = jax.vmap(lambda h, n, t: h.at[n % pol.history_window].set(t))(s.hist, s.hist_n, tau.astype(jnp.float32))
+        alpha = d.alpha
+    hist = jax.vmap(lambda h, n, t: h.at[n % pol.history_window].set(t))(s.hist, s.hist_n, v.tau.astype(jnp.float32))
     hist_n = s.hist_n + 1
     mean_tau = jnp.mean(hist, axis=1)
     full = hist_n >= pol.history_window
     move = jnp.where(full & (mean_tau < pol.history_low), -1, jnp.where(full & (mean_tau > pol.history_high), 1, 0))
     d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
+    return s.replace(alpha=_keep(active, alpha, s.alpha), d_max=_keep(active, d_max, s.d_max),
+                     hist=_keep(active, hist, s.hist), hist_n=_keep(active, hist_n, s.hist_n))
 
-    def keep(new_v, old_v):
-        return jnp.where(active.reshape((-1,) + (1,) * (old_v.ndim - 1)), new_v, old_v)
 
-    n_nodes = jnp.sum(tree.valid[0]) - 1
-    level_sizes = jnp.sum(tree.valid[0][None, :] & (tree.depth[0][None, :] == jnp.arange(1, dc + 1)[:, None]), 1)
-    # Priority rank of the accepted nodes: pool order for level-built trees, cumulative log-prob for EAGLE-2.
+# ******** Statistics: counters, per-rank acceptance (`budget.py`) and row 0's traces. ********
+
+
+def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
+    tree = d.tree
+    depth_of_level = jnp.arange(1, pol.d_cap + 1)[:, None]
+    level_sizes = jnp.sum(tree.valid[0][None, :] & (tree.depth[0][None, :] == depth_of_level), 1)
+    # Priority rank of each node: pool order for level-built trees, cumulative log-prob for EAGLE-2.
     if pol.name == "eagle2":
         score = jnp.where(tree.valid, tree.logp, -jnp.inf)
-        rank = jnp.sum((score[:, None, :] > score[:, :, None]) | (
-            (score[:, None, :] == score[:, :, None]) & (jnp.arange(tree.size)[None, None, :] <
-                                                        jnp.arange(tree.size)[None, :, None])), 2)
+        slot = jnp.arange(tree.size)
+        ahead = (score[:, None, :] > score[:, :, None]) | (
+            (score[:, None, :] == score[:, :, None]) & (slot[None, None, :] < slot[None, :, None]))
+        rank = jnp.sum(ahead, 2)
     else:
         rank = jnp.broadcast_to(jnp.arange(tree.size), tree.valid.shape)
-    on_path = (i >= 1) & (i <= tau[:, None]) & active[:, None]
-    path_rank = jnp.where(on_path, jnp.take_along_axis(rank, path, 1), pol.n_max + 1)
-    accepted_at = s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop")
+    i = jnp.arange(v.path.shape[1])[None]
+    on_path = (i >= 1) & (i <= v.tau[:, None]) & active[:, None]
+    path_rank = jnp.where(on_path, jnp.take_along_axis(rank, v.path, 1), pol.n_max + 1)
+    at = s.steps
     return s.replace(
-        out=out, n_gen=n_gen, done=done, t_cache=t_cache, d_cache=d_cache, key=key,
-        length=keep(s.length + 1 + tau, s.length), root=keep(bonus, s.root),
-        pending=keep(jnp.where(i <= tau[:, None], new, 0), s.pending), n_pending=keep(tau + 1, s.n_pending),
-        pending_feat=keep(path_feat, s.pending_feat),
-        length_d=keep(s.length + 1, s.length_d),
-        alpha=keep(alpha_next, s.alpha), d_max=keep(d_max, s.d_max), hist=keep(hist, s.hist),
-        hist_n=keep(hist_n, s.hist_n), steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, tau, 0),
-        n_steps=s.n_steps + active, draft_forwards=s.draft_forwards + 1 + n_levels,
-        draft_width=s.draft_width + cu_width + level_width, verify_width=s.verify_width + v_width,
-        accepted_at=accepted_at, alpha_trace=s.alpha_trace.at[s.steps].set(alpha_use[0]),
-        depth_trace=s.depth_trace.at[s.steps].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
-        nodes_trace=s.nodes_trace.at[s.steps].set(n_nodes), width_trace=s.width_trace.at[s.steps].set(
-            jnp.max(level_sizes)), tau_trace=s.tau_trace.at[s.steps].set(tau[0]),
-    )
+        steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, v.tau, 0), n_steps=s.n_steps + active,
+        draft_forwards=s.draft_forwards + d.forwards, draft_width=s.draft_width + d.width,
+        verify_width=s.verify_width + v.width,
+        accepted_at=s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop"),
+        alpha_trace=s.alpha_trace.at[at].set(d.alpha_used[0]),
+        depth_trace=s.depth_trace.at[at].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
+        nodes_trace=s.nodes_trace.at[at].set(jnp.sum(tree.valid[0]) - 1),
+        width_trace=s.width_trace.at[at].set(jnp.max(level_sizes)), tau_trace=s.tau_trace.at[at].set(v.tau[0]))
 
 
-def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature) -> SpecState:
+# ******** The loop. ********
+
+
+def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature: Float[Array, " B"]
+              ) -> SpecState:
+    active = ~s.done
+    key, sub = jax.random.split(s.key)
+    d = draft(cfg, drafter, s)
+    v = verify(cfg, target, s, d.tree, drafter.feature_dim, temperature, sub)
+    s = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
+    s = update_policy(cfg.policy, s, d, v, active)
+    return record(cfg.policy, s, d, v, active)
+
+
+def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature: Float[Array, " B"]
+                ) -> SpecState:
+    """Steps until every row hit EOS or its `max_new` tokens."""
+
     def cond(s: SpecState):
         return (s.steps < cfg.max_steps) & ~jnp.all(s.done)
 

@@ -30,12 +30,12 @@ def chain_template(depth: int) -> tuple[tuple[int, ...], ...]:
 
 @flax.struct.dataclass
 class Tree:
-    """A draft tree of W+1 slots per row (slot 0 = root).
+    """A draft tree of W slots per row (slot 0 = the root; W = n_max + 1).
 
     Attributes:
-      tokens: [B, W+1] token ids.  parent: [B, W+1] parent slot (-1 for the root and for invalid slots).
-      depth: [B, W+1] root 0.  logp: [B, W+1] cumulative draft log-probability (root 0).
-      valid: [B, W+1] whether the slot holds a node.  ancestors: [B, W+1, W+1] ancestors[b, i, j]: j is i or an
+      tokens: [B, W] token ids.  parent: [B, W] parent slot (-1 for the root and for invalid slots).
+      depth: [B, W] root 0.  logp: [B, W] cumulative draft log-probability (root 0).
+      valid: [B, W] whether the slot holds a node.  ancestors: [B, W, W] ancestors[b, i, j]: j is i or an
       ancestor of i.
     """
 
@@ -64,15 +64,16 @@ class Tree:
         return tree_visibility(self.ancestors, start, pad, capacity)
 
 
-def tree_visibility(vis: Bool[Array, "B T R"], start: Int[Array, " B"], pad: Int[Array, " B"],
+def tree_visibility(vis: Bool[Array, "B T U"], start: Int[Array, " B"], pad: Int[Array, " B"],
                     capacity: int) -> Bool[Array, "B T S"]:
-    """[B,T,S] mask: slots [pad, start) for everyone, plus slot start + r where vis[b, t, r]."""
+    """[B,T,S] mask: slots [pad, start) for everyone, plus slot start + u where vis[b, t, u] (U: the slots this
+    step writes past the committed prefix)."""
     j = jnp.arange(capacity)[None, None, :]
     committed = (j >= pad[:, None, None]) & (j < start[:, None, None])
     off = j - start[:, None, None]
-    r = vis.shape[-1]
-    in_tree = (off >= 0) & (off < r)
-    picked = jnp.take_along_axis(vis, jnp.broadcast_to(jnp.clip(off, 0, r - 1), vis.shape[:2] + (capacity,)), -1)
+    u = vis.shape[-1]
+    in_tree = (off >= 0) & (off < u)
+    picked = jnp.take_along_axis(vis, jnp.broadcast_to(jnp.clip(off, 0, u - 1), vis.shape[:2] + (capacity,)), -1)
     return committed | (in_tree & picked)
 
 

@@ -16,8 +16,8 @@ from jaxtyping import Array, Float, Int
 from sage_jax.decoding.tree import Tree
 
 
-def _path_from(tree: Tree, last: Int[Array, " B"], max_depth: int) -> Int[Array, "B D"]:
-    """Slots of the root-to-`last` path, indexed by depth ([B, max_depth + 1]; unused depths hold `last`)."""
+def _path_from(tree: Tree, last: Int[Array, " B"], max_depth: int) -> Int[Array, "B A"]:
+    """Slots of the root-to-`last` path, indexed by depth ([B, A], A = max_depth + 1; unused depths hold `last`)."""
     on_path = jnp.take_along_axis(tree.ancestors, last[:, None, None], 1)[:, 0]  # [B,W]
     depth_of = jnp.where(on_path, tree.depth, max_depth + 1)
     path = jnp.broadcast_to(last[:, None], (last.shape[0], max_depth + 1))
@@ -26,13 +26,13 @@ def _path_from(tree: Tree, last: Int[Array, " B"], max_depth: int) -> Int[Array,
 
 
 def accept_greedy(tree: Tree, target_logits: Float[Array, "B W V"], max_depth: int
-                  ) -> tuple[Int[Array, "B D"], Int[Array, " B"], Int[Array, " B"]]:
-    """(path slots [B, max_depth+1], accepted length τ [B], bonus token [B])."""
+                  ) -> tuple[Int[Array, "B A"], Int[Array, " B"], Int[Array, " B"]]:
+    """(path slots [B, A] (A = max_depth + 1), accepted length τ [B], bonus token [B])."""
     return accept_greedy_best(tree, jnp.argmax(target_logits, axis=-1).astype(jnp.int32), max_depth)
 
 
 def accept_greedy_best(tree: Tree, best: Int[Array, "B W"], max_depth: int
-                       ) -> tuple[Int[Array, "B D"], Int[Array, " B"], Int[Array, " B"]]:
+                       ) -> tuple[Int[Array, "B A"], Int[Array, " B"], Int[Array, " B"]]:
     """`accept_greedy` from the target's argmax token at every slot."""
     parent = jnp.maximum(tree.parent, 0)
     match = tree.valid & (tree.tokens == jnp.take_along_axis(best, parent, 1))
@@ -46,7 +46,7 @@ def accept_greedy_best(tree: Tree, best: Int[Array, "B W"], max_depth: int
 
 
 def accept_sampled(key: jax.Array, tree: Tree, target_logp: Float[Array, "B W V"], max_depth: int
-                   ) -> tuple[Int[Array, "B D"], Int[Array, " B"], Int[Array, " B"]]:
+                   ) -> tuple[Int[Array, "B A"], Int[Array, " B"], Int[Array, " B"]]:
     """As `accept_greedy`, for draws from `target_logp` (already temperature / top-k / top-p processed)."""
     b, w, _ = target_logp.shape
     probs = jnp.exp(target_logp)

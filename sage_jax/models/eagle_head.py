@@ -6,7 +6,7 @@ final norm (what `Decoder.forward` / `LM.forward` return) and E the target's emb
 `fc` [2D -> D] and one pre-norm transformer layer (RoPE, GQA, its own one-layer KV cache) to f̂_t; the logits of
 x_{t+1} are the target's final norm + LM head applied to f̂_t.
 
-Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head")::
+Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head" in `sage_jax.io.store`)::
 
     fc:    [2D, D]   input projection of concat(feature, embedding)
     fc_b:  [D]
@@ -19,18 +19,18 @@ Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head")::
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import shard
-from sage_jax.draft.vocab import DraftVocab
 from sage_jax.models import lm
 from sage_jax.models.config import LMConfig
+from sage_jax.models.draft_vocab import DraftVocab
 from sage_jax.models.kv_cache import KVCache
 
-KIND = "eagle_head"
 _INIT = nnx.initializers.normal(0.02)
 
 
@@ -89,7 +89,7 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
     dt = jnp.dtype(head_cfg.dtype)
     e = lm.embed_tokens(head_cfg, target_embed, tokens)
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
-    x = jnp.einsum("BTE,ED->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
+    x = jnp.einsum("BTI,ID->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))
     layer = lm.serving_layer(head_params["layer"])  # serving drafts convert once at load (`EagleWeights.load`)
     if cache is None:
@@ -113,7 +113,7 @@ def eagle_forward(head_params: dict, head_cfg: LMConfig, target_embed: Float[Arr
     own prediction f̂_{t-1} when drafting several steps ahead). `target_lm_head` None = tied embeddings.
     With a cache, keys/values go to slots `write_pos[b] + [0, T)` and `mask` [B, T, S] ranges over the cache;
     without one, the T tokens attend among themselves under `mask` [B, T, T].
-    With `vocab`, the logits cover only its N ids ([B, T, N]; `vocab.to_full` / `vocab.log_probs_full` map them
+    With `vocab`, the logits cover only its Vd ids ([B, T, Vd]; `vocab.to_full` / `vocab.log_probs_full` map them
     back to the full vocabulary) and `target_lm_head` is ignored (the subset head was gathered by `vocab`).
     """
     feats, cache = eagle_features(head_params, head_cfg, target_embed, tokens, features_prev, positions, mask,
@@ -130,36 +130,23 @@ def shift_features(features: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
     return jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
 
 
-def n_params(head_params: dict) -> int:
-    return sum(int(x.size) for x in jax.tree.leaves(head_params))
+@flax.struct.dataclass
+class EagleWeights:
+    """A head ready for decoding: its params (layer in serving form), an optional reduced vocabulary, its layer
+    config (static). A pytree, so it is an argument of the compiled loops."""
 
+    head: dict
+    vocab: DraftVocab | None
+    cfg: LMConfig = flax.struct.field(pytree_node=False)
 
-def save_head(path: str, head_cfg: LMConfig, head_params: dict, *, target_cfg: LMConfig | None = None,
-              vocab_ids=None, provenance: dict | None = None, overwrite: bool = False, dtype: str | None = None
-              ) -> str:
-    """Writes a `configs.checkpoint` of kind "eagle_head": params {"head": <layout above>[, "vocab_ids": [N]]},
-    metadata config = {"head": head_cfg, "target": target_cfg, "vocab_size": N or 0}. `dtype` e.g. "bfloat16"."""
-    import numpy as np
-
-    from configs import checkpoint
-
-    params = jax.tree.map(lambda x: np.asarray(x, jnp.dtype(dtype)) if dtype else np.asarray(x), head_params)
-    tree = {"head": params}
-    if vocab_ids is not None:
-        tree["vocab_ids"] = np.asarray(vocab_ids, np.int32)
-    config = {"head": head_cfg.to_json(), "target": target_cfg.to_json() if target_cfg else None,
-              "vocab_size": 0 if vocab_ids is None else int(np.size(vocab_ids))}
-    return checkpoint.save(path, tree, config=config, kind=KIND, provenance=provenance, overwrite=overwrite)
-
-
-def load_head(path: str, *, dtype: str | None = "float32") -> tuple[LMConfig, dict, object, dict]:
-    """(head_cfg, head_params, vocab_ids or None, metadata) of a checkpoint written by `save_head`."""
-    from configs import checkpoint
-
-    meta = checkpoint.read_metadata(path)
-    if meta.get("kind") != KIND:
-        raise checkpoint.CheckpointError(f"{path} holds a {meta.get('kind')!r} checkpoint, not an {KIND}")
-    tree = checkpoint.restore(path)
-    cfg = LMConfig.from_json(meta["config"]["head"])
-    params = tree["head"] if dtype is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), tree["head"])
-    return cfg, params, tree.get("vocab_ids"), meta
+    @classmethod
+    def build(cls, cfg: LMConfig, params: dict, vocab_ids, target_cfg: LMConfig, target_embed: Float[Array, "V D"],
+              target_lm_head: Float[Array, "D V"] | None) -> EagleWeights:
+        """From stored head params for a target with `target_cfg` and these embedding / LM-head arrays (the
+        reduced vocabulary's head rows are gathered once, here). ValueError when the head is for another target."""
+        if cfg.d_model != target_cfg.d_model or cfg.vocab_size != target_cfg.vocab_size:
+            raise ValueError(f"the head is for d_model={cfg.d_model}, vocab={cfg.vocab_size}; the target has "
+                             f"d_model={target_cfg.d_model}, vocab={target_cfg.vocab_size}")
+        vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target_embed, target_lm_head)
+        params = {**params, "layer": lm.serving_layer(params["layer"])}  # once, not per draft level
+        return cls(head=params, vocab=vocab, cfg=cfg)

@@ -38,11 +38,11 @@ class KVCache:
     def capacity(self) -> int:
         return self.k[0].shape[1]
 
-    def commit(self, new: NewKV, rows: Int[Array, "B M"], dst_start: Int[Array, " B"]) -> KVCache:
+    def commit(self, new: NewKV, rows: Int[Array, "B A"], dst_start: Int[Array, " B"]) -> KVCache:
         """Writes the rows `rows[b, :]` of `new` (keys/values of T fresh tokens, `LM.forward(write=False)`) to
-        the contiguous slots `dst_start[b] + [0, M)`: a speculative step's accepted path, root first."""
+        the contiguous slots `dst_start[b] + [0, A)`: a speculative step's accepted path, root first."""
         idx = rows[None, :, :, None, None]
-        k, v = (jnp.take_along_axis(a, idx, axis=2) for a in (new.k, new.v))  # [L, B, M, K, H]
+        k, v = (jnp.take_along_axis(a, idx, axis=2) for a in (new.k, new.v))  # [L, B, A, K, H]
         return KVCache(k=tuple(write_rows(c, k[i].astype(c.dtype), dst_start) for i, c in enumerate(self.k)),
                        v=tuple(write_rows(c, v[i].astype(c.dtype), dst_start) for i, c in enumerate(self.v)))
 

@@ -1,4 +1,9 @@
-"""Drafts for speculative decoding: an EAGLE-style head, a reduced draft vocabulary, training data and training.
+"""Training drafts for speculative decoding by self-distillation from the target (`python -m sage_jax.train_draft`).
 
-    from sage_jax.draft import eagle, vocab, data, train, export
+    recipe    the frozen configs of a recipe (`configs/sage/*.py`)
+    data      offline prompts (Python sources and docs) and the dataset arrays, served through grain
+    wordnet   chat-style prompts about WordNet topics
+    rollout   the target's batched greedy answers with its features (one compiled decode)
+    train     losses, training-time test, resumable Orbax training of an EAGLE-style head or a small LM
+    pipeline  the whole recipe: target -> data -> drafts -> checkpoints
 """

@@ -3,12 +3,12 @@
 Corpora (data.md §2): the Python standard library sources (`sysconfig.get_paths()['stdlib']`) and the Python
 docs' reST sources (Debian `python3.11-doc`, /usr/share/doc/python3.11/html/_sources). Each corpus FILE belongs to
 one split by a stable hash of its relative path (1 in `HELDOUT_MOD` files is held out), so held-out prompts never
-share a source file with training prompts; the hand-written benchmark prompts (`eval_prompts.py`) are in neither.
+share a source file with training prompts; the hand-written held-out prompts (`sage_jax/prompts.py`) are in neither.
 
 A dataset is a set of equally long numpy arrays, one row per sequence (prompt + answer, right-padded)::
 
-    tokens [N, L] int32     lengths [N] int32     answer_start [N] int32     kind [N] int32 (index into ALL_KINDS)
-    features [N, L, D] float32 (optional): the target's last hidden state before its final norm
+    tokens [rows, T] int32   lengths [rows] int32   answer_start [rows] int32   kind [rows] int32 (index into ALL_KINDS)
+    features [rows, T, D] float32 (optional): the target's last hidden state before its final norm
 
 stored as one `.npz` (tokens) + one `.npy` (features, memory-mapped), and served by a `grain.MapDataset`
 (random access: the batch of step s is `ds[s]`, so the data position of a resumed run is just its step).
@@ -23,16 +23,10 @@ import os
 import random
 import sysconfig
 import textwrap
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grain
-import jax
-import jax.numpy as jnp
 import numpy as np
-
-from sage_jax.models import layers
 
 DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 HELDOUT_MOD = 10
@@ -168,75 +162,6 @@ def encode(tokenizer, text: str, vocab_size: int) -> list[int]:
     from sage_jax.chat import prompt_ids
 
     return prompt_ids(tokenizer, text)
-
-
-def generate(target, tokenizer, prompts: Sequence[Prompt], *, batch: int, max_new_tokens: int,
-             max_prompt_tokens: int, progress: Callable[[int, float], None] | None = None) -> dict[str, np.ndarray]:
-    """The target's greedy answers (our batched AR `Engine`) -> dataset arrays (without features).
-
-    Chat prompts longer than `max_prompt_tokens` are dropped (byte-encoded ones, without a tokenizer, are cut)."""
-    from sage_jax.engine import Engine
-
-    cfg = target.cfg
-    eng = Engine(target)
-    ids, kinds = [], []
-    for p in prompts:
-        t = encode(tokenizer, p.text, cfg.vocab_size)
-        if tokenizer is None:
-            t = t[:max_prompt_tokens]
-        if len(t) <= max_prompt_tokens:
-            ids.append(t)
-            kinds.append(KINDS.index(p.kind))
-    if not ids:
-        raise ValueError(f"every prompt is longer than max_prompt_tokens={max_prompt_tokens}")
-    length = max_prompt_tokens + max_new_tokens
-    tokens = np.full((len(ids), length), cfg.pad_token_id, np.int32)
-    lengths = np.zeros((len(ids),), np.int32)
-    starts = np.zeros((len(ids),), np.int32)
-    t0 = time.perf_counter()
-    for s in range(0, len(ids), batch):
-        chunk = ids[s: s + batch]
-        padded = chunk + [chunk[-1]] * (batch - len(chunk))  # one compiled batch shape
-        gen = eng.generate(padded, policy="ar", max_new_tokens=max_new_tokens)
-        for j, (p, a) in enumerate(zip(chunk, gen.token_ids[: len(chunk)], strict=True)):
-            seq = (list(p) + list(a))[:length]
-            tokens[s + j, : len(seq)] = seq
-            lengths[s + j] = len(seq)
-            starts[s + j] = len(p)
-        if progress is not None:
-            progress(min(s + batch, len(ids)), time.perf_counter() - t0)
-    return {"tokens": tokens, "lengths": lengths, "answer_start": starts, "kind": np.asarray(kinds, np.int32)}
-
-
-def compute_features(target_lm, tokens: np.ndarray, lengths: np.ndarray, *, batch: int, multiple: int = 32,
-                     progress: Callable[[int, float], None] | None = None) -> np.ndarray:
-    """The target's features (last hidden state before the final norm) of every row: [N, L, D] float32, zeros
-    past each row's length. Rows are grouped by length (sorted), each group cut to its longest row rounded up to
-    `multiple`, so short rows cost less (one compilation per distinct group length)."""
-    n, length = tokens.shape
-    out = np.zeros((n, length, target_lm.cfg.d_model), np.float32)
-
-    @jax.jit
-    def fwd(lm_, toks):
-        b, t = toks.shape
-        pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-        mask = layers.causal_mask(t, jnp.zeros((b,), jnp.int32))
-        return lm_.forward(toks, pos, mask)[0].astype(jnp.float32)
-
-    order = np.argsort(lengths, kind="stable")
-    t0 = time.perf_counter()
-    for s in range(0, n, batch):
-        rows = order[s: s + batch]
-        t = min(length, -(-int(lengths[rows].max()) // multiple) * multiple)
-        chunk = tokens[rows, :t]
-        pad = batch - len(rows)
-        if pad:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], pad, 0)])
-        valid = np.arange(t)[None, :] < lengths[rows][:, None]
-        out[rows, :t] = np.asarray(fwd(target_lm, chunk))[: len(rows)] * valid[..., None]
-        if progress is not None:
-            progress(min(s + batch, n), time.perf_counter() - t0)
-    return out
 
 
 def save(path_prefix: str, arrays: dict[str, np.ndarray]) -> None:

@@ -22,19 +22,22 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sage_jax.draft import data as ddata
-from sage_jax.draft import eagle, train
-from sage_jax.draft.vocab import top_ids
+from sage_jax.io import store
+from sage_jax.models import eagle_head
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
+from sage_jax.models.draft_vocab import top_ids
+from sage_jax.training import data as ddata
+from sage_jax.training import train
+from sage_jax.training.recipe import DraftRecipe
 
 
-def load_target(c) -> tuple[Decoder, Any, str]:
+def load_target(c: DraftRecipe) -> tuple[Decoder, Any, str]:
     """(target Decoder, tokenizer or None, description) from `c.target`: "default", "tiny" or a path/spec."""
     if c.target == "tiny":
         cfg = LMConfig.tiny()
-        model = Decoder(cfg, rngs=nnx.Rngs(int(c.target_seed)))
-        scale = float(c.target_scale)
+        model = Decoder(cfg, rngs=nnx.Rngs(c.target_seed))
+        scale = c.target_scale
         nnx.update(model, jax.tree.map(lambda x: x * scale if x.ndim > 1 else x, nnx.state(model, nnx.Param)))
         return model, None, f"tiny(seed={c.target_seed}, scale={scale})"
     from sage_jax.io import default_target, load_lm
@@ -44,25 +47,22 @@ def load_target(c) -> tuple[Decoder, Any, str]:
     return model, tok, os.fspath(spec)
 
 
-def train_config(d) -> train.TrainConfig:
-    return train.TrainConfig(**{k: d[k] for k in d})
-
-
 def _log(msg: str) -> None:
     from tqdm.auto import tqdm
 
     tqdm.write(msg)
 
 
-def _encoded(c, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str) -> tuple[list[list[int]], list[int]]:
+def _encoded(c: DraftRecipe, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str
+             ) -> tuple[list[list[int]], list[int]]:
     """Encoded (kind, text) prompts, longer ones dropped, sorted by length (similar lengths share a batch)."""
     dd = c.data
     ids, kinds = [], []
     for kind, text in pairs:
         t = ddata.encode(tok, text, vocab_size)
         if tok is None:
-            t = t[: int(dd.max_prompt_tokens)]
-        if len(t) <= int(dd.max_prompt_tokens):
+            t = t[: dd.max_prompt_tokens]
+        if len(t) <= dd.max_prompt_tokens:
             ids.append(t)
             kinds.append(ddata.ALL_KINDS.index(kind))
     if not ids:
@@ -71,41 +71,36 @@ def _encoded(c, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str) -
     return [ids[i] for i in order], [kinds[i] for i in order]
 
 
-def _wordnet(c, split: str, seed: int) -> list[tuple[str, str]]:
+def _wordnet(c: DraftRecipe, split: str, seed: int) -> list[tuple[str, str]]:
     """The WordNet chat prompts of `split` drawn with `seed` (`n_general` / `n_heldout_general` of them)."""
-    from sage_jax.draft import wordnet
+    from sage_jax.training import wordnet
 
     dd = c.data
-    n = int(dd.get("n_general", 0) if split == "train" else dd.get("n_heldout_general", 0))
-    return wordnet.build_prompts(n, split, seed, str(dd.get("general_templates", "basic"))) if n else []
+    n = dd.n_general if split == "train" else dd.n_heldout_general
+    return wordnet.build_prompts(n, split, seed, dd.general_templates) if n else []
 
 
-def _prompt_texts(c, split: str) -> list[tuple[str, str]]:
+def _prompt_texts(c: DraftRecipe, split: str) -> list[tuple[str, str]]:
     """(kind, text) of the recipe's own `split`: corpus prompts + WordNet prompts."""
-    n_corpus = int(c.data.n_train if split == "train" else c.data.n_heldout)
-    pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, int(c.seed))] if n_corpus else []
-    return pairs + _wordnet(c, split, int(c.seed))
+    n_corpus = c.data.n_train if split == "train" else c.data.n_heldout
+    pairs = [(p.kind, p.text) for p in ddata.build_prompts(n_corpus, split, c.seed)] if n_corpus else []
+    return pairs + _wordnet(c, split, c.seed)
 
 
-def _blocks(c) -> list[tuple[str, str, list[tuple[str, str]]]]:
+def _blocks(c: DraftRecipe) -> list[tuple[str, str, list[tuple[str, str]]]]:
     """(name, split, prompts) of every data block. "train" and "heldout" are the recipe's prompts; each seed of
     `data.extra_general_seeds` adds a training block "train.seedS" of `n_general` more WordNet prompts built with
     that seed (texts already in an earlier block dropped), so a bigger recipe reuses a smaller one's data."""
     blocks = [(split, split, _prompt_texts(c, split)) for split in ("train", "heldout")]
     seen = {text for _, text in blocks[0][2]}
-    extra = tuple(c.data.get("extra_general_seeds", ()))
-    if extra and not int(c.data.get("n_general", 0)):
-        raise ValueError("data.extra_general_seeds needs data.n_general > 0 (the size of each extra block)")
-    for seed in extra:
-        if int(seed) == int(c.seed):
-            raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {seed}")
-        pairs = [(k, t) for k, t in _wordnet(c, "train", int(seed)) if t not in seen]
+    for seed in c.data.extra_general_seeds:  # (the recipe checks they differ from its own seed)
+        pairs = [(k, t) for k, t in _wordnet(c, "train", seed) if t not in seen]
         seen.update(t for _, t in pairs)
-        blocks.append((f"train.seed{int(seed)}", "train", pairs))
+        blocks.append((f"train.seed{seed}", "train", pairs))
     return blocks
 
 
-def make_data(c, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
+def make_data(c: DraftRecipe, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
     """The self-distillation data: the target's greedy answers with its features, per block (`_blocks`), generated
     in shards of `shard_rows` (finished shards and blocks are kept, so an interrupted run resumes), then merged.
     Returns (train, heldout); the training blocks are concatenated."""
@@ -126,15 +121,16 @@ def make_data(c, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, di
     return train_data, out["heldout"][0]
 
 
-def _generate(c, lm_t, cfg: LMConfig, workdir: str, name: str, ids: list[list[int]], kinds: list[int], log) -> None:
+def _generate(c: DraftRecipe, lm_t, cfg: LMConfig, workdir: str, name: str, ids: list[list[int]], kinds: list[int],
+              log) -> None:
     """Rolls out the answers of one block in shards, then merges them into WORKDIR/data/NAME.{npz,features.npy}."""
-    from sage_jax.draft.rollout import rollout
+    from sage_jax.training.rollout import rollout
 
     dd = c.data
     prefix = os.path.join(workdir, "data", name)
-    rows, batch = int(dd.get("shard_rows", 128)), int(dd.gen_batch)
-    rows = max(batch, rows // batch * batch)
-    max_prompt, max_new = int(dd.max_prompt_tokens), int(dd.max_new_tokens)
+    batch = dd.gen_batch
+    rows = max(batch, dd.shard_rows // batch * batch)
+    max_prompt, max_new = dd.max_prompt_tokens, dd.max_new_tokens
     length = max_prompt + max_new
     shards = []
     t0 = time.perf_counter()
@@ -173,21 +169,17 @@ def _generate(c, lm_t, cfg: LMConfig, workdir: str, name: str, ids: list[list[in
             os.remove(shard + suffix)
 
 
-def lm_draft_config(c, target_cfg: LMConfig) -> LMConfig:
+def lm_draft_config(c: DraftRecipe, target_cfg: LMConfig) -> LMConfig:
     d = c.lm
-    return target_cfg.replace(n_layers=int(d.n_layers), d_model=int(d.d_model), n_heads=int(d.n_heads),
-                              n_kv_heads=int(d.n_kv_heads), head_dim=int(d.head_dim), mlp_dim=int(d.mlp_dim),
-                              tie_embeddings=True, param_dtype="float32", dtype="float32")
+    return target_cfg.replace(n_layers=d.n_layers, d_model=d.d_model, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads,
+                              head_dim=d.head_dim, mlp_dim=d.mlp_dim, tie_embeddings=True, param_dtype="float32",
+                              dtype="float32")
 
 
-def run(c, workdir: str, *, progress: bool = True, log=_log) -> dict:
-    """Runs (or resumes) the recipe of config `c` in `workdir`; returns the summary (also in summary.json)."""
+def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dict:
+    """Runs (or resumes) recipe `c` in `workdir`; returns the summary (also in summary.json)."""
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
-    kinds = [k.strip() for k in str(c.kinds).split(",") if k.strip()]
-    bad = [k for k in kinds if k not in ("eagle", "lm")]
-    if bad or not kinds:
-        raise ValueError(f"kinds must be a comma list of 'eagle' and 'lm', got {c.kinds!r}")
     t0 = time.perf_counter()
     target, tok, source = load_target(c)
     tcfg = target.cfg.replace(param_dtype="float32", dtype="float32")
@@ -199,50 +191,48 @@ def run(c, workdir: str, *, progress: bool = True, log=_log) -> dict:
                                "heldout_rows": int(len(heldout["tokens"])),
                                "train_answer_tokens": int(np.sum(train_data["lengths"] - train_data["answer_start"]))}
     vocab_ids = None
-    if int(c.vocab_size) > 0:
+    if c.vocab_size > 0:
         vpath = os.path.join(workdir, "vocab.npy")
         if os.path.exists(vpath):
             vocab_ids = np.load(vpath)
         else:
             rows = [r[: n] for r, n in zip(train_data["tokens"], train_data["lengths"], strict=True)]
-            vocab_ids = top_ids(rows, int(c.vocab_size), tcfg.vocab_size, always=tcfg.eos_token_ids)
+            vocab_ids = top_ids(rows, c.vocab_size, tcfg.vocab_size, always=tcfg.eos_token_ids)
             np.save(vpath, vocab_ids)
         summary["vocab_size"] = int(len(vocab_ids))
     lm_t = target.serving()
     fz = train.frozen_target(lm_t, vocab_ids)
-    prov = {"recipe": dict(c.to_dict()) if hasattr(c, "to_dict") else str(c), "target": source}
-    if "eagle" in kinds:
-        hcfg = eagle.head_config(tcfg, **({"mlp_dim": int(c.eagle.mlp_dim)} if int(c.eagle.mlp_dim) else {}))
-        tc = train_config(c.eagle.train)
+    prov = {"recipe": c.to_json(), "target": source}
+    if "eagle" in c.kinds:
+        hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
+        tc = c.eagle.train
         task = train.eagle_task(hcfg, tc)
-        p0 = eagle.init_params(hcfg, tc.seed)
+        p0 = eagle_head.init_params(hcfg, tc.seed)
         log(f"[eagle] head: {train.describe(p0)}")
         acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
         log(f"[eagle] held-out acceptance before training {acc0:.4f}")
         res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "eagle"), progress=progress,
                           log=log)
-        path = eagle.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
-                               vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=str(c.out_dtype))
-        tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=int(c.eagle.chain_depth),
+        path = store.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
+                               vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype)
+        tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
                                           batch_size=min(16, len(heldout["tokens"])))
         log(f"[eagle] held-out greedy chain of {c.eagle.chain_depth}: mean accepted τ {tau:.3f} (τ+1 {tau + 1:.3f})")
         summary["eagle"] = {"path": path, "acceptance_initial": acc0, "acceptance": res.evals,
-                            f"chain{int(c.eagle.chain_depth)}_tau": tau,
+                            f"chain{c.eagle.chain_depth}_tau": tau,
                             "train_seconds": round(res.seconds, 1), "size_bytes": _size(path)}
-    if "lm" in kinds:
-        from sage_jax.io import save_lm
-
+    if "lm" in c.kinds:
         dcfg = lm_draft_config(c, tcfg)
-        tc = train_config(c.lm.train)
+        tc = c.lm.train
         task = train.lm_task(dcfg, tc)
         p0 = Decoder(dcfg, rngs=nnx.Rngs(tc.seed)).params()
         log(f"[lm] draft: {dcfg.n_layers} layers, d={dcfg.d_model}, {train.describe(p0)}")
         acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
         res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "lm"), progress=progress,
                           log=log)
-        out_cfg = dcfg.replace(param_dtype=str(c.out_dtype))
-        params = jax.tree.map(lambda x: np.asarray(x, np.dtype(jax.numpy.dtype(str(c.out_dtype)))), res.params)
-        path = save_lm(os.path.join(workdir, "lm_draft"), out_cfg, params, tok, provenance=prov, overwrite=True)
+        out_cfg = dcfg.replace(param_dtype=c.out_dtype)
+        params = jax.tree.map(lambda x: np.asarray(x, np.dtype(jax.numpy.dtype(c.out_dtype))), res.params)
+        path = store.save_lm(os.path.join(workdir, "lm_draft"), out_cfg, params, tok, provenance=prov, overwrite=True)
         summary["lm"] = {"path": path, "acceptance_initial": acc0, "acceptance": res.evals,
                          "train_seconds": round(res.seconds, 1), "size_bytes": _size(path)}
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)

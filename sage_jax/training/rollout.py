@@ -25,9 +25,9 @@ from sage_jax.models.lm import LM
 
 
 @functools.partial(jax.jit, static_argnames=("max_new",))
-def _rollout(model: LM, tokens: Int[Array, "B P"], pad: Int[Array, " B"], max_new: int
-             ) -> tuple[Int[Array, "B N"], Float[Array, "B P D"], Float[Array, "B N D"]]:
-    """Greedy continuation of left-padded prompts: (answer tokens [B, N], prompt features, answer features)."""
+def _rollout(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], max_new: int
+             ) -> tuple[Int[Array, "B out"], Float[Array, "B T D"], Float[Array, "B out D"]]:
+    """Greedy continuation of left-padded prompts: (answer tokens [B, out], prompt features, answer features)."""
     b, p = tokens.shape
     cap = p + max_new
     cache = model.init_cache(b, cap)

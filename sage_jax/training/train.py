@@ -32,32 +32,10 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from configs import sharding
-from sage_jax.draft import data as ddata
-from sage_jax.draft import eagle
-from sage_jax.models import layers, lm
+from sage_jax.models import eagle_head, layers, lm
 from sage_jax.models.config import LMConfig
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """Optimisation settings of one draft (static, hashable)."""
-
-    steps: int = 100
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup: int = 10
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    seed: int = 0
-    prompt_weight: float = 0.1
-    feature_weight: float = 0.1  # λ (EAGLE head only)
-    head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
-    unroll: int = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
-    unroll_decay: float = 0.8  # weight of level k is unroll_decay**k
-    eval_every: int = 50
-    ckpt_every: int = 50
-    log_every: int = 1
-
+from sage_jax.training import data as ddata
+from sage_jax.training.recipe import TrainConfig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Frozen target parts and losses.
@@ -134,8 +112,8 @@ def _draft_head(cfg: LMConfig, fz: dict, hidden):
 def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
     """f̂ [B, L, D] with the target's true features as inputs (f_{t-1}, x_t)."""
     pos, mask = _causal(batch)
-    prev = eagle.shift_features(batch["features"])
-    f_hat, _ = eagle.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
+    prev = eagle_head.shift_features(batch["features"])
+    f_hat, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
     return f_hat
 
 
@@ -166,15 +144,15 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     tokens = batch["tokens"]
     b, length = tokens.shape
     pos, mask = _causal(batch)
-    prev = eagle.shift_features(batch["features"])
+    prev = eagle_head.shift_features(batch["features"])
     if levels == 1:
-        f0, _ = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask)
+        f0, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask)
         return f0, [], None
     idx, _, _ = answer_window(batch, window)
     w = idx.shape[1]
     cap = length + (levels - 1) * w
-    cache = eagle.init_cache(head_cfg, b, cap)
-    f0, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos,
+    cache = eagle_head.init_cache(head_cfg, b, cap)
+    f0, cache = eagle_head.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos,
                                      jnp.pad(mask, ((0, 0), (0, 0), (0, cap - length))), cache,
                                      jnp.zeros((b,), jnp.int32))
     toks_w = jnp.take_along_axis(tokens, idx, axis=1)
@@ -183,10 +161,10 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     for k in range(1, levels):
         vis = unroll_mask(length, idx, k, w)
         vis = jnp.pad(vis, ((0, 0), (0, 0), (0, cap - vis.shape[-1])))
-        f_k, cache = eagle.eagle_features(params, head_cfg, fz["embed"], toks_w, feed, idx, vis, cache,
+        f_k, cache = eagle_head.eagle_features(params, head_cfg, fz["embed"], toks_w, feed, idx, vis, cache,
                                           jnp.full((b,), length + (k - 1) * w, jnp.int32))
         out.append(f_k)
-        feed = eagle.shift_features(f_k)  # level k+1's input at entry w: level k's prediction at entry w - 1
+        feed = eagle_head.shift_features(f_k)  # level k+1's input at entry w: level k's prediction at entry w - 1
     return f0, out, idx
 
 
@@ -444,9 +422,9 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
     pos = jnp.broadcast_to(jnp.arange(length), (b, length))
     slots = jnp.arange(cap)
     mask = jnp.broadcast_to(slots[None, :] <= jnp.arange(length)[:, None], (b, length, cap))
-    cache = eagle.init_cache(head_cfg, b, cap)
-    f_hat, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tokens, eagle.shift_features(feats), pos,
-                                        mask, cache, jnp.zeros((b,), jnp.int32))
+    cache = eagle_head.init_cache(head_cfg, b, cap)
+    f_hat, cache = eagle_head.eagle_features(params, head_cfg, fz["embed"], tokens, eagle_head.shift_features(feats),
+                                             pos, mask, cache, jnp.zeros((b,), jnp.int32))
     f = _take(f_hat, starts[:, None])  # [B, 1, D] prediction at the start position
     lengths = jnp.asarray(batch["lengths"])
     alive = jnp.ones((b,), bool)
@@ -462,7 +440,7 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
         accepted = accepted + alive.astype(jnp.int32)
         q = p[:, None]
         step_mask = (slots[None, None, :] <= q[:, :, None])
-        f, cache = eagle.eagle_features(params, head_cfg, fz["embed"], tok, f, q, step_mask, cache, p)
+        f, cache = eagle_head.eagle_features(params, head_cfg, fz["embed"], tok, f, q, step_mask, cache, p)
     return accepted
 
 

@@ -1,6 +1,6 @@
 """General-knowledge chat prompts from WordNet (Debian `wordnet-base`), so the draft sees more than Python text.
 
-The held-out benchmark prompts (`eval_prompts.py`) ask about everyday topics (tea, planets, climate); training
+The held-out prompts (`sage_jax/prompts.py`) ask about everyday topics (tea, planets, climate); training
 only on the Python docs would leave the draft off-distribution there. WordNet's common nouns (those with a
 sense-tagged count in the Princeton corpus), their glosses and quoted example sentences give varied topics
 without any download. Each lemma belongs to one split by a stable hash, and lemmas that occur in a benchmark
@@ -14,7 +14,7 @@ import os
 import random
 import re
 
-from sage_jax.draft.eval_prompts import EVAL_PROMPTS
+from sage_jax.prompts import held_out_texts
 
 WORDNET_DIR = "/usr/share/wordnet"
 HELDOUT_MOD = 10
@@ -115,21 +115,13 @@ def available() -> bool:
     return os.path.isfile(os.path.join(WORDNET_DIR, "index.noun"))
 
 
-def _held_out_texts(bench: bool) -> list[str]:
-    if not bench:
-        return [text for _, text in EVAL_PROMPTS]
-    from sage_jax.bench.prompts import BENCH_PROMPTS  # only to keep its topics out of training
-
-    return [text for _, text in (*EVAL_PROMPTS, *BENCH_PROMPTS)]
-
-
 def entries(split: str, min_tagged: int = 2, *, ban_bench: bool = False) -> list[tuple[str, str, list[str]]]:
     """(lemma, gloss, example sentences) of the common nouns of `split` (at least `min_tagged` sense-tagged
     occurrences), in file order; lemmas in a held-out chat prompt (and with `ban_bench`, a benchmark prompt) are
     left out."""
     if not available():
         raise RuntimeError(f"WordNet not found in {WORDNET_DIR} (apt-get install wordnet-base)")
-    banned = " ".join(text.lower() for text in _held_out_texts(ban_bench))
+    banned = " ".join(text.lower() for text in held_out_texts(ban_bench))
     out = []
     with open(os.path.join(WORDNET_DIR, "data.noun"), "rb") as data, \
             open(os.path.join(WORDNET_DIR, "index.noun"), encoding="utf-8") as index:
@@ -167,7 +159,7 @@ def build_prompts(n: int, split: str, seed: int = 0, style: str = "basic") -> li
     with_examples = [e for e in items if e[2]]
     templates = _EXTENDED if extended else _TEMPLATES
     kinds = tuple(templates) + (("math",) if extended else ())
-    held_out = set(_held_out_texts(extended))
+    held_out = set(held_out_texts(extended))
     out = []
     for i in range(n):
         kind = kinds[i % len(kinds)]

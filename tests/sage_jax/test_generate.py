@@ -89,7 +89,9 @@ def test_tiny_json_greedy_sage_equals_ar(tiny_target, cli_env):
     assert sage["stats"]["mean_accepted"] > 0  # the trees were non-trivial and some of them were accepted
     cmp = sage["compare"]
     assert cmp["policy"] == "ar" and cmp["token_ids"] == ar["token_ids"] and cmp["identical"] is True
-    assert cmp["tokens_per_second"] > 0 and cmp["speedup"] > 0
+    for st in (sage["stats"], cmp["stats"]):  # decode rate = the loop's tokens (the first is the prefill's) / time
+        assert st["tokens_per_second"] == pytest.approx((st["new_tokens"] - 1) / st["decode_seconds"])
+    assert cmp["speedup"] == pytest.approx(sage["stats"]["tokens_per_second"] / cmp["tokens_per_second"])
 
 
 def test_tiny_text_output_with_compare(tiny_target, cli_env):
@@ -117,18 +119,10 @@ def other_vocab(tmp_path_factory):
     return _tiny_llama(tmp_path_factory.mktemp("other_vocab"), 200)
 
 
-@pytest.fixture(scope="session")
-def image(tmp_path_factory):
-    path = tmp_path_factory.mktemp("img") / "x.png"
-    path.write_bytes(b"\x89PNG\r\n\x1a\n")
-    return str(path)
-
-
 BAD = {
     "missing_target": (["--target", "/nonexistent/model.gguf"], "no such file"),
     "missing_draft": (["--target", "{tiny}", "--draft", "/nonexistent/draft"], "no such file"),
-    "missing_image": (["--image", "/nonexistent/cat.png"], "cannot read image"),
-    "image_text_only": (["--target", "{tiny}", "--image", "{image}"], "text-only"),
+    "image_not_yet": (["--image", "cat.png"], "unrecognized arguments: --image"),  # hidden until VLMs land
     "draft_vocab": (["--target", "{tiny}", "--draft", "{other}"], "vocabulary"),
     "draft_layers": (["--target", "{tiny}", "--draft-layers", "5"], "layers"),
     "draft_and_layers": (["--target", "{tiny}", "--draft", "{other}", "--draft-layers", "1"], "not both"),
@@ -139,16 +133,16 @@ BAD = {
     "top_p_zero": (["--top-p", "0"], "top-p"),
     "top_p_big": (["--top-p", "1.5"], "top-p"),
     "top_k_negative": (["--top-k", "-1"], "top-k"),
-    "pallas": (["--attention", "pallas"], "Pallas"),
+    "pallas_not_yet": (["--attention", "pallas"], "unrecognized arguments: --attention"),
     "unknown_flag": (["--beam-width", "4"], "unrecognized"),
     "bad_int": (["--max-new-tokens", "many"], "invalid int"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, image, cli_env):
+def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env):
     args, needle = BAD[case]
-    args = [a.format(tiny=tiny_target, other=other_vocab, image=image) for a in args]
+    args = [a.format(tiny=tiny_target, other=other_vocab) for a in args]
     proc = _cli(cli_env, *args, "--json", timeout=120)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr
@@ -157,16 +151,20 @@ def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, image, 
     assert proc.stdout == ""
 
 
-@pytest.mark.slow
-def test_default_target_answers(cli_env):
-    """The shipped SmolLM2 target with its shipped draft head, compared with AR in the same process (~1-2 min on
-    the 2-core box, mostly compilation)."""
-    from sage_jax.io.load import default_draft
+def test_readme_main_command(cli_env, cache_dir):
+    """The README's main command on the shipped SmolLM2 target with its shipped draft head, compared with AR in the
+    same process (a shorter answer than the default 128 tokens)."""
+    from sage_jax.io.loader import default_draft
 
-    proc = _cli(cli_env, "--max-new-tokens", "32", "--compare", "--json", timeout=900)
+    env = dict(cli_env, SAGE_JAX_CACHE=cache_dir)  # the session's conversion cache, not the user's
+    proc = _cli(env, "--max-new-tokens", "24", "--compare", "--json", timeout=900)
     out = _json(proc)
-    assert out["policy"] == "sage" and out["text"].strip()
-    assert 1 <= len(out["token_ids"]) <= 32
-    assert out["compare"]["identical"]
+    assert out["policy"] == "sage" and "decoding" in out["text"].lower()
+    assert len(out["token_ids"]) == 24 and out["compare"]["identical"]
     if default_draft() is not None:
-        assert "smollm2_eagle" in proc.stderr and out["stats"]["mean_accepted"] > 0.5
+        assert "shipped EAGLE head" in proc.stderr
+        # --budget auto: trees where they are predicted to pay, else plain decoding (this 2-core CPU).
+        if out["stats"]["budget"] == [0, 0]:
+            assert "decoded plainly" in proc.stderr and out["stats"]["mean_accepted"] == 0
+        else:
+            assert out["stats"]["mean_accepted"] > 0.3

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from sage_jax.bench import __main__ as bench
-from sage_jax.bench.prompts import BENCH_PROMPTS, bench_prompts
+from sage_jax.prompts import BENCH_PROMPTS, bench_prompts
 
 
 def test_prompt_suite_is_held_out_and_varied():
-    from sage_jax.draft.eval_prompts import EVAL_PROMPTS
+    from sage_jax.prompts import EVAL_PROMPTS
 
     assert len(BENCH_PROMPTS) >= 30 and len({k for k, _ in BENCH_PROMPTS}) >= 5
     assert len(set(bench_prompts())) == len(BENCH_PROMPTS)

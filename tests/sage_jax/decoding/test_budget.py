@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from sage_jax.decoding import budget, widths
-from sage_jax.decoding.drafts import DraftSpec
+from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.engine import Engine
 
@@ -21,7 +21,7 @@ def _chooser(verify_ms, accept_p):
     prof = budget.CostProfile(device="cpu", verify_widths=[2, 8, 32, 65], verify_ms=verify_ms,
                               draft_widths=[1, 4, 16], draft_ms=[1.0, 1.0, 1.0], ar_ms=verify_ms[0] * 0.8)
     ch = budget.BudgetChooser(prof, n_max=64, d_cap=8, frontier=16)
-    stats = type("S", (), dict(budget=(64, 8), steps=100, tau_trace=[], draft_forwards=101 + 100 * 3,
+    stats = type("S", (), dict(budget=(64, 8), steps=100, row_steps=100, tau_trace=[], draft_forwards=101 + 100 * 3,
                                accepted_at=[0] + [int(100 * p) for p in accept_p]))
     ch.update(stats)
     return ch
@@ -42,7 +42,7 @@ def test_chooser_follows_the_cost_curve():
     np.testing.assert_allclose(flat.expected_tau(7, 8), sum(p[:7]), rtol=1e-6)
 
 
-def test_profile_cache_roundtrip(cache_dir):
+def test_profile_cache_roundtrip(tmp_path):
     calls = []
 
     def measure():
@@ -50,9 +50,9 @@ def test_profile_cache_roundtrip(cache_dir):
         return budget.CostProfile("cpu", [2, 8], [1.0, 2.0], [1], [0.5])
 
     key = "test-profile-key"
-    a = budget.cached_profile(key, measure)
-    b = budget.cached_profile(key, measure)
-    assert a == b and len(calls) == 1
+    a = budget.cached_profile(key, measure, str(tmp_path / "profiles"))
+    b = budget.cached_profile(key, measure, str(tmp_path / "profiles"))
+    assert a == b and len(calls) == 1 and len(list((tmp_path / "profiles").iterdir())) == 1
 
 
 def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
@@ -75,3 +75,17 @@ def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
     assert auto[0].stats.budget == (16, 6)  # explores first
     assert all(a.stats.budget == (0, 0) or a.stats.budget[0] <= 16 for a in auto[1:])
     assert engine.compiles == compiles
+    # Statistics of a batch: every row's step offered the budget, so E[τ] at the full budget is the batch's τ.
+    batch = engine.generate([prompt, [9, 10, 11, 12, 13, 14]], policy=pol, max_new_tokens=24, alpha_init=1.0)
+    acc = budget.AcceptanceStats(n_max=16, d_cap=6)
+    acc.update(batch.stats)
+    assert batch.stats.row_steps > batch.stats.steps and batch.stats.mean_accepted > 0
+    np.testing.assert_allclose(acc.expected_tau(16, 6), batch.stats.mean_accepted, rtol=1e-9)
+    # A prior (a draft's acceptance measured elsewhere) decides the first request instead of an exploring one:
+    # with nothing ever accepted, plain decoding (reported under the policy's name).
+    never = budget.AcceptanceStats(n_max=16, d_cap=6, depth_hist=[100] + [0] * 6, steps=100, requests=1,
+                                   offered=[0] + [100] * 16)
+    primed = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1), acceptance_prior={"sage": never.to_json()})
+    first = primed.generate([prompt], policy=pol, max_new_tokens=24, budget="auto")
+    assert first.stats.budget == (0, 0) and first.policy == "sage" and first.token_ids == ref
+    assert primed.chooser(pol).acceptance.requests == 1  # the prior; a plain request adds no tree statistics

@@ -5,7 +5,7 @@ import contextlib
 
 import jax
 
-from sage_jax.decoding.drafts import DraftSpec
+from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.engine import Engine
 
 
@@ -51,9 +51,9 @@ def test_no_recompiles_across_lengths_and_alpha(tiny_lm):
     assert engine.compiles == 2
     first_alpha = [o.stats.alpha_trace[0] for o in outs[3:5]]
     assert first_alpha == [0.0, 1.0]
-    # α really reshaped the first tree: α = 0 -> shallow (D_min = 3) and wide, α = 1 -> deep (D_max = 8).
-    assert outs[3].stats.depth_trace[0] <= 3 < outs[4].stats.depth_trace[0] or outs[3].stats.nodes_trace[0] != \
-        outs[4].stats.nodes_trace[0]
+    # α really reshaped the first tree: its first level has W(α) children at most, W(1) = w_min = 2 and W(0) = 10
+    # (the tiny draft's θ leaves 4 of them), against 6 at the default α = 0.5.
+    assert outs[4].stats.width_trace[0] == 2 < outs[3].stats.width_trace[0]
     assert all(o.stats.compiles == 2 for o in outs)
 
 

@@ -1,33 +1,40 @@
-"""EAGLE-style heads plug into the decoding loop: lossless for every policy, with and without a reduced vocabulary,
-and through a saved head checkpoint."""
+"""EAGLE-style heads plug into the decoding loop: lossless with and without a reduced vocabulary, and through a
+saved head checkpoint."""
 
 import jax
 import numpy as np
 
-from sage_jax.decoding.drafts import EagleWeights
-from sage_jax.decoding.policies import POLICIES
-from sage_jax.draft import eagle
-from sage_jax.draft.vocab import DraftVocab
-from sage_jax.engine import Engine
+from sage_jax.engine import Engine, load_engine
+from sage_jax.io import store
+from sage_jax.models import eagle_head
+from sage_jax.models.causal_lm import CausalLM
+from sage_jax.models.draft_vocab import DraftVocab
+from sage_jax.models.eagle_head import EagleWeights
 
 
-def test_eagle_head_every_policy_matches_ar(tiny_lm, tmp_path):
+def test_eagle_head_matches_ar(tiny_lm, tmp_path):
+    """An EAGLE head drafts for a level-built template tree and for SAGE (every policy is lossless with LM drafts
+    in test_lossless; here the head's feature plumbing is what is tested), over the full vocabulary and, loaded
+    from a checkpoint, over a reduced one."""
     target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=(7,))
-    serving = target.serving()
-    cfg = eagle.head_config(target.cfg)
-    params = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle.init_params(cfg, seed=1))
+    cfg = eagle_head.head_config(target.cfg)
+    params = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle_head.init_params(cfg, seed=1))
     prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
     ref = Engine(target).generate(prompts, policy="ar", max_new_tokens=24).token_ids
-    full = EagleWeights(head=params, vocab=None, cfg=cfg)
+    engine = Engine(target, EagleWeights(head=params, vocab=None, cfg=cfg))
+    assert engine.draft_spec.kind == "eagle"
+    for name in ("static", "sage"):
+        out = engine.generate(prompts, policy=name, max_new_tokens=24)
+        assert out.token_ids == ref, name
+        assert out.stats.draft_forwards > out.stats.steps and out.stats.mean_accepted > 0
     ids = np.arange(0, 64, 2)  # a reduced vocabulary: even ids only
-    reduced = EagleWeights(head=params, vocab=DraftVocab.build(ids, serving.embed, serving.lm_head), cfg=cfg)
-    for weights, names in ((full, POLICIES), (reduced, ("sage",))):
-        engine = Engine(target, weights)
-        assert engine.draft_spec.kind == "eagle"
-        for name in names:
-            out = engine.generate(prompts, policy=name, max_new_tokens=24)
-            assert out.token_ids == ref, name
-            assert out.stats.draft_forwards > out.stats.steps
-    path = eagle.save_head(str(tmp_path / "head"), cfg, params, target_cfg=target.cfg, vocab_ids=ids)
-    engine = Engine(target, path)
-    assert engine.generate(prompts, policy="sage", max_new_tokens=24).token_ids == ref
+    path = store.save_head(str(tmp_path / "head"), cfg, params, target_cfg=target.cfg, vocab_ids=ids)
+    prior = {"sage": {"n_max": 64, "d_cap": 10, "steps": 3}}
+    store.write_acceptance(path, {"policies": prior})  # what `evaluate_draft --write-prior` stores
+    engine = load_engine(CausalLM(target), path)  # a head checkpoint is recognised as an EAGLE draft
+    assert engine.draft_spec.kind == "eagle" and engine.description == f"EAGLE head {path}"
+    assert engine.acceptance_prior == prior
+    vocab = engine._lm_d.vocab
+    assert isinstance(vocab, DraftVocab) and np.asarray(vocab.ids).tolist() == ids.tolist()
+    out = engine.generate(prompts, policy="sage", max_new_tokens=24)
+    assert out.token_ids == ref and out.stats.draft_forwards > out.stats.steps

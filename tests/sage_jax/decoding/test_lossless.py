@@ -3,7 +3,7 @@ SmolLM2; and EOS / token limits inside an accepted path end the sequence exactly
 
 import pytest
 
-from sage_jax.decoding.drafts import DraftSpec
+from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.decoding.policies import POLICIES, TreePolicy
 from sage_jax.engine import Engine
 
@@ -60,7 +60,8 @@ def test_tiny_self_draft_and_token_limit(tiny_pair):
         assert all(len(t) <= limit for t in got.token_ids)
 
 
-# A compile per policy: 3–9 min on 2 CPU cores. The default suite keeps the bench smoke's real-model SAGE == AR check.
+# A compile per policy: 3–9 min on 2 CPU cores. In the default suite the real model is checked with its shipped
+# EAGLE head and SAGE (tests/sage_jax/test_api.py) and through the README's main command (test_generate.py).
 @pytest.mark.slow
 def test_real_smollm2_every_policy_matches_ar(smollm2):
     _, model, tok, _ = smollm2

@@ -1,7 +1,8 @@
 """Lossless sampling: at temperature 0.7 and 1.0, for every policy, sequences drawn with speculative decoding
-follow the target's own distribution. Exact enumeration of the target's distribution over all 3-token
-continuations of a tiny model, a chi-square test on 6,000 independent rows (one batch, one compile per policy),
-and a negative control: the same test rejects samples drawn from the draft."""
+follow the target's own distribution, and with top-p the nucleus-truncated one. Exact enumeration of the target's
+distribution over all 3-token continuations of a tiny model, a chi-square test on 6,000 independent rows (one batch,
+one compile per policy), and negative controls: the same test rejects samples drawn from the draft, and top-p
+samples under the untruncated distribution."""
 
 import itertools
 
@@ -83,3 +84,37 @@ def test_chi_square_rejects_the_draft_distribution(pair):
     seqs, probs = _exact(target, 1.0)
     out = Engine(draft, draft).generate([PROMPT] * ROWS, policy="ar", max_new_tokens=N_NEW, temperature=1.0, seed=3)
     assert _chi2_pvalue(out.token_ids, seqs, probs) < 1e-6
+
+
+def _exact_top_p(model, temperature, top_p):
+    """P(x1, x2, x3 | prompt) under nucleus sampling, computed in numpy: at each step keep the most likely tokens
+    until their mass reaches `top_p` (a token is kept when the mass strictly before it is < top_p), renormalise."""
+    seqs = np.array(list(itertools.product(range(V), repeat=N_NEW)), np.int32)
+    tokens = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1))
+    logits, _, _ = model(tokens)
+    p = np.asarray(jax.nn.softmax(logits / temperature, -1), np.float64)[:, len(PROMPT) - 1: -1]  # [S, N_NEW, V]
+    order = np.argsort(-p, -1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, -1)
+    keep_sorted = np.cumsum(sorted_p, -1) - sorted_p < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, -1)
+    q = np.where(keep, p, 0.0)
+    q /= q.sum(-1, keepdims=True)
+    probs = np.prod(np.take_along_axis(q, seqs[:, :, None], -1)[..., 0], -1)
+    return seqs, probs / probs.sum(), keep.sum(-1)
+
+
+def test_top_p_samples_the_truncated_target_distribution(pair):
+    """`SamplingConfig(top_p)`: plain and SAGE sampling both draw from the nucleus-truncated target distribution
+    (oracle in numpy), and that distribution is measurably not the untruncated one."""
+    from sage_jax.decoding.sampling import SamplingConfig
+
+    target, draft = pair
+    seqs, probs, kept = _exact_top_p(target, 1.0, 0.8)
+    assert kept.min() >= 1 and kept.mean() < V - 2  # the nucleus really drops tokens
+    engine = Engine(target, draft, sampling=SamplingConfig(top_p=0.8))
+    for policy in ("ar", POLICIES["sage"]):
+        out = engine.generate([PROMPT] * ROWS, policy=policy, max_new_tokens=N_NEW, temperature=1.0, seed=5)
+        assert _chi2_pvalue(out.token_ids, seqs, probs) > 1e-3, policy
+        assert all(probs[int(np.ravel_multi_index(s, (V,) * N_NEW))] > 0 for s in out.token_ids)  # never outside
+    assert _chi2_pvalue(out.token_ids, *_exact(target, 1.0)) < 1e-6  # the untruncated distribution is rejected

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from sage_jax.decoding import policies, verify
 from sage_jax.decoding import tree as tree_lib
-from sage_jax.decoding.drafting import build_tree
-from sage_jax.decoding.drafts import Drafter, DraftSpec
+from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.sampling import SamplingConfig, processed_logprobs
 from sage_jax.decoding.tree import causal_visibility
+from sage_jax.decoding.tree_builder import build_tree
 
 V, CAP, LENGTH = 32, 160, 9
 
@@ -53,7 +53,7 @@ def _builder(name):
 
     @jax.jit
     def build(draft, root, root_logits, alpha, d_max, target_logits, key):
-        drafter = Drafter.build(DraftSpec(kind="model"), draft, draft)
+        drafter = build_drafter(DraftSpec(kind="model"), draft, draft)
         cache = drafter.init_cache(root.shape[0], CAP)
         root_logq = jax.nn.log_softmax(root_logits, -1)
         shape = policies.step_shape(policy, alpha, d_max)

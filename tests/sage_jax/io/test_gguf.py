@@ -99,17 +99,17 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_gguf_conversion_cache(tmp_path, monkeypatch):
-    from sage_jax.io import load, load_lm
+    from sage_jax.io import load_lm, loader
 
     cfg = LMConfig.tiny(eos_token_ids=(1,), pad_token_id=1, max_position=256)
     params = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)))
     _write_gguf(tmp_path / "tiny.gguf", "qwen2", cfg, params)
     monkeypatch.setenv("SAGE_JAX_CACHE", str(tmp_path / "cache"))
     first = load_lm(tmp_path / "tiny.gguf")
-    ckpt = load.cached_checkpoint(tmp_path / "tiny.gguf")  # already there: no second conversion
-    assert ckpt.startswith(str(tmp_path / "cache")) and load.detect(ckpt) == "checkpoint"
+    ckpt = loader.cache_path(tmp_path / "tiny.gguf")  # written by the first load
+    assert ckpt.startswith(str(tmp_path / "cache")) and loader.detect(ckpt) == "checkpoint"
     meta = store.checkpoint.read_metadata(ckpt)
-    assert meta["provenance"]["sha256"] == load.sha256(tmp_path / "tiny.gguf")
+    assert meta["provenance"]["sha256"] == loader.sha256(tmp_path / "tiny.gguf")
     second = load_lm(tmp_path / "tiny.gguf")
     assert first[0] == second[0] and second[2].eos_token_id == 1
     jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(first[1])),

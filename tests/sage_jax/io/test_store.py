@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import sharding
 from sage_jax import convert
-from sage_jax.io import hf, load, load_lm, save_lm, store
+from sage_jax.io import hf, load_lm, loader, save_lm, store
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 
@@ -98,7 +98,7 @@ def test_convert_cli(tmp_path, capsys):
     assert convert.main([str(src), str(out), "--dtype", "bfloat16"]) == 0
     cfg, model, _ = load_lm(out)
     assert cfg.param_dtype == "bfloat16" and model.blocks.wq[...].dtype == jnp.bfloat16
-    assert load.detect(out) == "checkpoint"
+    assert loader.detect(out) == "checkpoint"
     capsys.readouterr()
     for argv in ([str(tmp_path / "missing"), str(tmp_path / "o1")],  # missing SRC
                  [str(src), str(out)],  # OUT exists, no --force

@@ -1,0 +1,77 @@
+"""`python -m sage_jax.evaluate_draft`: a draft's acceptance on the held-out chat prompts, decoded for real.
+
+    python -m sage_jax.evaluate_draft [--target SPEC] [--draft SPEC | --draft-layers N]
+        [--policies sage,eagle2,static,chain] [--max-new-tokens 128] [--prompts N] [--batch B] [--out results.json]
+        [--write-prior]
+
+Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax/prompts.py` (`bench/acceptance.py`):
+τ+1, its per-prompt spread, identity to AR and decode tokens/s. `--write-prior` stores each policy's acceptance
+statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. Bad input: one line
+`error: ...`, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from configs import cli
+from sage_jax.decoding.policies import POLICIES
+from sage_jax.prompts import EVAL_PROMPTS
+
+
+def _main(argv: list[str] | None) -> int:
+    ap = cli.Parser(prog="python -m sage_jax.evaluate_draft", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    ap.add_argument("--target", metavar="SPEC", help="target LM (default: the shipped SmolLM2-135M-Instruct)")
+    ap.add_argument("--draft", metavar="SPEC", help="EAGLE head or LM draft (default: the shipped head)")
+    ap.add_argument("--draft-layers", type=int, metavar="N", help="self-draft with the target's first N layers")
+    ap.add_argument("--policies", default="sage,eagle2,static,chain")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=len(EVAL_PROMPTS), help="the first N held-out prompts")
+    ap.add_argument("--batch", type=int, default=1, help="prompts per request (speed, not acceptance)")
+    ap.add_argument("--out", metavar="JSON")
+    ap.add_argument("--write-prior", action="store_true",
+                    help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
+    args = ap.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise cli.BadInput(f"--policies: unknown {bad or args.policies!r}; choose from {', '.join(POLICIES)}")
+    if not 1 <= args.prompts <= len(EVAL_PROMPTS):
+        raise cli.BadInput(f"--prompts must be in [1, {len(EVAL_PROMPTS)}]")
+    if args.max_new_tokens < 1 or args.batch < 1:
+        raise cli.BadInput("--max-new-tokens and --batch must be >= 1")
+    from sage_jax.bench.acceptance import evaluate, table
+    from sage_jax.engine import load_engine
+    from sage_jax.io import store
+    from sage_jax.io.loader import cache_dir, default_draft
+
+    draft_path = args.draft or (default_draft() if args.target is None and args.draft_layers is None else None)
+    if args.write_prior and (draft_path is None or store.kind_of(draft_path) not in (store.KIND, store.HEAD_KIND)):
+        raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped head)")
+
+    cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
+    with cli.reported(OSError, ValueError):
+        engine = load_engine(args.target, args.draft, args.draft_layers)
+        ids = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
+        for policy in ("ar", *policies):
+            engine.check_fits(max(map(len, ids)), args.max_new_tokens, policy)
+    res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch)
+    print(table(res))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"draft": engine.description, "results": res}, f, indent=1)
+    if args.write_prior:
+        prior = {"prompts": f"EVAL_PROMPTS[:{args.prompts}]", "max_new_tokens": args.max_new_tokens,
+                 "batch": args.batch, "policies": {p: res[p]["acceptance"] for p in policies}}
+        print(f"wrote {store.write_acceptance(draft_path, prior)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

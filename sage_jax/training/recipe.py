@@ -1,0 +1,99 @@
+"""The frozen configs of a draft recipe (`python -m sage_jax.train_draft --config ...`): target, data, drafts.
+
+A recipe file in `configs/sage/` defines `get_config() -> DraftRecipe`; `--set a.b=value` overrides one field
+(`configs.cli.override`). Every field that changes what is trained is here, and the whole recipe is stored in the
+provenance of the checkpoints it writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+DraftKind = Literal["eagle", "lm"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Optimisation settings of one draft."""
+
+    steps: int = 100
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 10
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+    prompt_weight: float = 0.1  # loss weight of prompt positions (answer positions: 1)
+    feature_weight: float = 0.1  # λ of the feature regression (EAGLE head only)
+    head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
+    unroll: int = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
+    unroll_decay: float = 0.8  # weight of level k is unroll_decay**k
+    eval_every: int = 50
+    ckpt_every: int = 50
+    log_every: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """The self-distillation data: prompts, then the target's own greedy answers with its features."""
+
+    n_train: int = 48  # corpus prompts (Python stdlib code, Python docs prose) for training
+    n_heldout: int = 16  # corpus prompts held out (other source files)
+    n_general: int = 0  # chat-style WordNet prompts for training (and the size of each extra block)
+    n_heldout_general: int = 0  # WordNet prompts held out (other lemmas)
+    general_templates: Literal["basic", "extended"] = "basic"  # extended: more phrasings, summaries, advice, math
+    extra_general_seeds: tuple[int, ...] = ()  # one more block of n_general WordNet prompts per seed
+    gen_batch: int = 16  # prompts per batched greedy rollout
+    shard_rows: int = 128  # rows per data shard (an interrupted rollout resumes at the next shard)
+    max_new_tokens: int = 32  # answer length
+    max_prompt_tokens: int = 32  # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EagleConfig:
+    """The EAGLE-style head: one decoder layer over [target feature ; next-token embedding]."""
+
+    mlp_dim: int = 0  # 0: the target's
+    chain_depth: int = 5  # the held-out greedy chain that the summary reports
+    train: TrainConfig = TrainConfig()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMDraftConfig:
+    """A separate small LM draft with the target's vocabulary."""
+
+    n_layers: int = 2
+    d_model: int = 32
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 8
+    mlp_dim: int = 64
+    train: TrainConfig = TrainConfig(feature_weight=0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftRecipe:
+    """Everything `python -m sage_jax.train_draft` does."""
+
+    target: str = "tiny"  # "default" (SmolLM2-135M-Instruct), "tiny" (random), or a GGUF / HF dir / checkpoint path
+    target_seed: int = 0  # tiny only
+    target_scale: float = 1.0  # tiny only: weights scaled so the target's distributions are not uniform
+    seed: int = 0  # prompt sampling
+    kinds: tuple[DraftKind, ...] = ("eagle",)  # the drafts to train
+    vocab_size: int = 0  # reduced draft vocabulary: the N most frequent ids of the data (0 = full)
+    out_dtype: Literal["float32", "bfloat16"] = "bfloat16"  # of the written drafts
+    data: DataConfig = DataConfig()
+    eagle: EagleConfig = EagleConfig()
+    lm: LMDraftConfig = LMDraftConfig()
+
+    def __post_init__(self):
+        if not self.kinds or any(k not in ("eagle", "lm") for k in self.kinds):
+            raise ValueError(f"kinds must name 'eagle' and/or 'lm', got {self.kinds!r}")
+        if self.data.extra_general_seeds and not self.data.n_general:
+            raise ValueError("data.extra_general_seeds needs data.n_general > 0 (the size of each extra block)")
+        if self.seed in self.data.extra_general_seeds:
+            raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {self.seed}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

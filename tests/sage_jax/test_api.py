@@ -1,0 +1,67 @@
+"""The public API on the real SmolLM2-135M-Instruct and its shipped EAGLE head: `sage_jax.load(path)(**inputs)` gives
+the engine's target logits, and `sage_jax.load_engine()` decodes with SAGE exactly what the target alone decodes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sage_jax
+from sage_jax.decoding import autoregressive as ar
+
+PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string.",
+           "List three fruits."]
+
+
+@pytest.fixture(scope="module")
+def shipped(smollm2_path):
+    """`load_engine()` with its defaults (the shipped target and head), and its AR answers to PROMPTS."""
+    engine = sage_jax.load_engine()
+    if sage_jax.default_draft() is None:
+        pytest.skip("no shipped draft in this checkout")
+    return engine, engine.generate(PROMPTS, policy="ar", max_new_tokens=32)
+
+
+def test_api_names():
+    assert {"load", "load_engine", "Engine", "Generation", "TreePolicy", "DraftSpec", "SamplingConfig"} <= set(
+        sage_jax.__all__)
+    assert all(getattr(sage_jax, n) is not None for n in sage_jax.__all__)
+
+
+def test_shipped_head_sage_equals_ar(shipped):
+    engine, ref = shipped
+    assert engine.draft_spec.kind == "eagle" and "shipped" in engine.description
+    assert "Paris" in ref.text[0] and len(ref.token_ids) == len(PROMPTS)
+    got = engine.generate(PROMPTS, policy=sage_jax.TreePolicy.sage(), max_new_tokens=32)
+    assert got.token_ids == ref.token_ids and got.text == ref.text
+    # The head's drafts are accepted (τ ≈ 0.7-0.9 on chat prompts, README "Drafts"), so the tree did the work.
+    assert got.stats.mean_accepted > 0.4 and got.stats.steps < ref.stats.steps
+
+
+def test_load_gives_the_engines_target_logits(shipped):
+    engine, ref = shipped
+    model = sage_jax.load(sage_jax.io.default_target())
+    assert isinstance(model, sage_jax.CausalLM) and model.config == engine.cfg
+    batch = model.tokenizer([model.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                                  add_generation_prompt=True) for p in PROMPTS[:2]],
+                            add_special_tokens=False, padding=True, padding_side="left", return_tensors="np")
+    logits = model(**batch)
+    assert logits.dtype == jnp.float32 and logits.shape == (*batch["input_ids"].shape, engine.cfg.vocab_size)
+    # The engine's own target forward on the same left-padded batch (its prefill writes the cache from slot 0).
+    tokens, valid = jnp.asarray(batch["input_ids"], jnp.int32), np.asarray(batch["attention_mask"], bool)
+    pad = jnp.asarray((~valid).sum(1), jnp.int32)
+
+    @jax.jit
+    def engine_logits(lm, tokens, pad):
+        hidden, _ = ar.prefill(lm, tokens, pad, lm.init_cache(tokens.shape[0], tokens.shape[1]))
+        return lm.head(hidden)
+
+    want = np.asarray(engine_logits(engine.target_lm, tokens, pad))
+    np.testing.assert_allclose(np.asarray(logits)[valid], want[valid], rtol=0, atol=2e-4 * np.abs(want).max())
+    # The last position's argmax is the first token the engine generated for that prompt.
+    assert [int(np.argmax(logits[i, -1])) for i in range(2)] == [t[0] for t in ref.token_ids[:2]]
+    # A row without padding gives the same logits as in the padded batch.
+    short = int(np.argmin(valid.sum(1)))
+    alone = model(input_ids=batch["input_ids"][short][valid[short]][None])
+    np.testing.assert_allclose(np.asarray(alone)[0], np.asarray(logits)[short][valid[short]], rtol=0,
+                               atol=2e-4 * np.abs(want).max())
