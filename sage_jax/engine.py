@@ -113,11 +113,13 @@ class Engine:
       acceptance_prior: {policy name: `AcceptanceStats.to_json()`}, the draft's acceptance measured elsewhere
         (`load_engine` reads a draft checkpoint's `acceptance.json`): seeds `budget="auto"` for policies of the
         same sizes.
+      description: how the draft is named in reports (default: its kind).
     """
 
     def __init__(self, target: CausalLM | Decoder, draft: CausalLM | Decoder | EagleWeights | None = None, *,
                  draft_spec: DraftSpec | None = None, sampling: SamplingConfig | None = None, tokenizer=None,
-                 profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None):
+                 profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
+                 description: str | None = None):
         if isinstance(target, CausalLM) and tokenizer is None:
             tokenizer = target.tokenizer
         self.target = target
@@ -137,7 +139,8 @@ class Engine:
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
         self.acceptance_prior = dict(acceptance_prior or {})
-        self.description = f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind
+        self.description = description or (
+            f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
         self.compile_seconds = 0.0
@@ -383,6 +386,4 @@ def load_engine(target: str | os.PathLike | CausalLM | None = None, draft: str |
             raise ValueError(f"the draft's vocabulary ({d.config.vocab_size}) is not the target's "
                              f"({lm_t.config.vocab_size})")
     prior = {} if isinstance(draft, CausalLM) else store.read_acceptance(draft).get("policies", {})
-    engine = Engine(lm_t, d, sampling=sampling, acceptance_prior=prior)
-    engine.description = desc
-    return engine
+    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc)
