@@ -240,6 +240,8 @@ class BudgetChooser:
 
     Attributes: profile; n_max, d_cap: the policy's static sizes; frontier: its draft width per level;
     explore_every: every k-th request speculates even when the model says it does not pay (fresh statistics);
+    min_gain: the predicted speedup a tree must reach to be chosen over plain decoding (timings on a shared
+    machine are noisy by a few percent, and a tree that accepts nothing never pays, whatever the timings say);
     acceptance: the statistics so far (a prior measured elsewhere may seed it, `AcceptanceStats.add`);
     choices: budgets chosen.
     """
@@ -249,6 +251,7 @@ class BudgetChooser:
     d_cap: int
     frontier: int
     explore_every: int = 16
+    min_gain: float = 1.05
     acceptance: AcceptanceStats = None
     choices: int = 0
 
@@ -291,6 +294,7 @@ class BudgetChooser:
         if self.acceptance.steps == 0:
             return self.n_max, self.d_cap
         nd = self.best()
-        if self.speedup(*nd) >= 1.0 or (self.explore_every and self.choices % self.explore_every == 0):
+        pays = self.expected_tau(*nd) > 0 and self.speedup(*nd) >= self.min_gain
+        if pays or (self.explore_every and self.choices % self.explore_every == 0):
             return nd
         return None

@@ -40,6 +40,14 @@ def test_chooser_follows_the_cost_curve():
     picks = [slow.choose() for _ in range(32)]
     assert picks.count(None) >= 28 and all(p == slow.best() for p in picks if p is not None)
     np.testing.assert_allclose(flat.expected_tau(7, 8), sum(p[:7]), rtol=1e-6)
+    # Noisy timings can make a tree step look cheaper than a plain one; a tree that accepts nothing still never pays,
+    # and one predicted to gain less than `min_gain` does not either.
+    noisy = _chooser([1.0, 1.0, 1.0, 1.0], [0.0] * 64)
+    noisy.profile.draft_ms, noisy.profile.ar_ms = [0.01] * 3, 2.0
+    assert noisy.speedup(*noisy.best()) > 1.0 and noisy.choose() is None
+    marginal = _chooser([1.0, 1.0, 1.0, 1.0], [0.01] + [0.0] * 63)
+    marginal.profile.draft_ms, marginal.profile.ar_ms = [0.01] * 3, 1.03
+    assert 1.0 < marginal.speedup(*marginal.best()) < marginal.min_gain and marginal.choose() is None
 
 
 def test_profile_cache_roundtrip(tmp_path):
