@@ -59,7 +59,6 @@ TABLE: tuple[tuple[str, str, Transform], ...] = (
     (_L + r"mlp\.up_proj\.weight", "blocks/w_up", T),
     (_L + r"mlp\.down_proj\.weight", "blocks/w_down", T),
 )
-_COMPILED = tuple((re.compile(rx), path, tr) for rx, path, tr in TABLE)
 
 # Hub files of VLMs and newer transformers name the text model `model.language_model.*` (or
 # `language_model.model.*`); older buffers and the other towers are not part of an LM.
@@ -74,39 +73,64 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def to_params(cfg: LMConfig, tensors: Iterable[tuple[str, np.ndarray]]) -> Params:
-    """(HF name, array) pairs -> our nested params dict (float32 numpy), layers stacked on axis 0."""
-    flat: dict[str, Any] = {}
-    per_layer: dict[str, dict[int, np.ndarray]] = {}
-    for name, array in tensors:
-        name = canonical_name(name)
-        if _IGNORED.search(name):
+Entry = tuple[str, str, Transform]
+#: our path -> the HF tensors that make it: [(name as stored, layer index or None, transform)]
+Plan = dict[str, list[tuple[str, int | None, Transform]]]
+
+
+def plan(table: Iterable[Entry], names: Iterable[str], *, canonical: Callable[[str], str] = canonical_name,
+         ignored: re.Pattern | None = _IGNORED, n_layers: Callable[[str], int], expected: set[str],
+         what: str = "a Llama/Qwen2 LM") -> Plan:
+    """Which stored tensors make each of our parameters, checked before any tensor is read: every name is known
+    or ignored, every stacked parameter has exactly layers 0..n_layers(path)-1, and the parameters are `expected`.
+
+    `table` holds (regex on the canonical HF name, our path, transform); a regex group is the layer index on our
+    stacked leading axis. A streamed conversion reads one parameter's tensors at a time from this plan."""
+    compiled = [(re.compile(rx), path, tr) for rx, path, tr in table]
+    out: Plan = {}
+    for stored in names:
+        name = canonical(stored)
+        if ignored is not None and ignored.search(name):
             continue
-        for rx, path, tr in _COMPILED:
+        for rx, path, tr in compiled:
             m = rx.fullmatch(name)
             if m:
-                w = np.asarray(tr.to_ours(np.asarray(array, np.float32), cfg.head_dim))
-                if m.groups():
-                    per_layer.setdefault(path, {})[int(m.group(1))] = w
-                else:
-                    flat[path] = w
+                out.setdefault(path, []).append((stored, int(m.group(1)) if m.groups() else None, tr))
                 break
         else:
-            raise ValueError(f"unexpected tensor {name!r} for a Llama/Qwen2 LM")
-    for path, layers in per_layer.items():
-        missing = sorted(set(range(cfg.n_layers)) - set(layers))
-        if missing or len(layers) != cfg.n_layers:
-            raise ValueError(f"{path}: layers {missing or sorted(layers)} missing or extra for n_layers={cfg.n_layers}")
-        flat[path] = np.stack([layers[i] for i in range(cfg.n_layers)])
-    if cfg.tie_embeddings:
-        flat.pop("lm_head", None)  # some exporters write the tied head out anyway
+            raise ValueError(f"unexpected tensor {name!r} for {what}")
+    for path, items in out.items():
+        layers = sorted(i for _, i, _ in items if i is not None)
+        if layers and layers != list(range(n_layers(path))):
+            raise ValueError(f"{path}: layers {layers} stored, expected 0..{n_layers(path) - 1}")
+        items.sort(key=lambda it: -1 if it[1] is None else it[1])
+    if set(out) != expected:
+        raise ValueError(f"tensors do not fit the config: missing {sorted(expected - set(out))}, "
+                         f"unexpected {sorted(set(out) - expected)}")
+    return out
+
+
+def assemble(items: list[tuple[str, int | None, Transform]], read: Callable[[str], np.ndarray], head_dim: int,
+             dtype=np.float32) -> np.ndarray:
+    """One of our parameters from its `plan` items: each tensor read, transformed, and stacked when per-layer."""
+    ws = [np.asarray(tr.to_ours(np.asarray(read(name), dtype), head_dim), dtype) for name, _, tr in items]
+    return ws[0] if items[0][1] is None else np.stack(ws)
+
+
+def to_params(cfg: LMConfig, tensors: Iterable[tuple[str, np.ndarray]]) -> Params:
+    """(HF name, array) pairs -> our nested params dict (float32 numpy), layers stacked on axis 0."""
+    arrays = dict(tensors)
+    names = [n for n in arrays if not (cfg.tie_embeddings and canonical_name(n) == "lm_head.weight")]
+    p = plan(TABLE, names, n_layers=lambda path: cfg.n_layers, expected=lm_paths(cfg))
+    return unflatten({path: assemble(items, arrays.__getitem__, cfg.head_dim) for path, items in p.items()})
+
+
+def lm_paths(cfg: LMConfig) -> set[str]:
+    """Our LM parameter paths for a config (`TABLE`'s, less the untied head and biases the config lacks)."""
     expected = {p for _, p, _ in TABLE if p != "lm_head" or not cfg.tie_embeddings}
     if not cfg.qkv_bias:
         expected -= {"blocks/bq", "blocks/bk", "blocks/bv"}
-    if set(flat) != expected:
-        raise ValueError(f"tensors do not fit the config: missing {sorted(expected - set(flat))}, "
-                         f"unexpected {sorted(set(flat) - expected)}")
-    return unflatten(flat)
+    return expected
 
 
 def from_params(cfg: LMConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -162,6 +186,32 @@ def _safetensors_files(path: str) -> list[str]:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         return [os.path.join(path, s) for s in shards]
     return [os.path.join(path, "model.safetensors")]
+
+
+def tensor_index(path: str | os.PathLike) -> dict[str, str]:
+    """{tensor name: safetensors file} of an HF directory, from the shard index or the file headers (no tensor
+    is read)."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return {name: os.path.join(path, file) for name, file in json.load(f)["weight_map"].items()}
+    file = os.path.join(path, "model.safetensors")
+    with safe_open(file, framework="numpy") as f:
+        return {name: file for name in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+
+
+def tensor_reader(index: Mapping[str, str]) -> Callable[[str], np.ndarray]:
+    """name -> array, reading that one tensor from its shard (safetensors maps the file; nothing else is read)."""
+    from safetensors import safe_open
+
+    def read(name: str) -> np.ndarray:
+        with safe_open(index[name], framework="numpy") as f:
+            return f.get_tensor(name)
+
+    return read
 
 
 def _tensors(files: list[str]):
