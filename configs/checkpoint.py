@@ -27,7 +27,7 @@ import datetime
 import json
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -66,6 +66,30 @@ def config_to_json(config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(config), default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
 
 
+def _metadata(kind: str, config: Any, provenance: Mapping[str, Any] | None, shapes: Mapping[str, Any]) -> dict:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "config_class": "" if config is None or not dataclasses.is_dataclass(config)
+        else f"{type(config).__module__}.{type(config).__qualname__}",
+        "config": config_to_json(config),
+        "provenance": {
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+            **dict(provenance or {}),
+        },
+        "params": dict(shapes),
+    }
+
+
+def _refuse_existing(path: str, overwrite: bool) -> None:
+    if os.path.exists(os.path.join(path, PARAMS_DIR)) or os.path.exists(os.path.join(path, METADATA_FILE)):
+        if not overwrite:
+            raise CheckpointError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
+
+
 def save(
     path: str | os.PathLike,
     params: Mapping[str, Any],
@@ -83,30 +107,70 @@ def save(
 
     path = os.path.abspath(os.fspath(path))
     flat = _flatten(params)
-    if os.path.exists(os.path.join(path, PARAMS_DIR)) or os.path.exists(os.path.join(path, METADATA_FILE)):
-        if not overwrite:
-            raise CheckpointError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
+    _refuse_existing(path, overwrite)
     os.makedirs(path, exist_ok=True)
-    meta = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "kind": kind,
-        "config_class": "" if config is None or not dataclasses.is_dataclass(config)
-        else f"{type(config).__module__}.{type(config).__qualname__}",
-        "config": config_to_json(config),
-        "provenance": {
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "jax": jax.__version__,
-            "python": platform.python_version(),
-            **dict(provenance or {}),
-        },
-        "params": {k: [list(np.shape(v)), str(getattr(v, "dtype", np.asarray(v).dtype))] for k, v in flat.items()},
-    }
+    shapes = {k: [list(np.shape(v)), str(getattr(v, "dtype", np.asarray(v).dtype))] for k, v in flat.items()}
+    meta = _metadata(kind, config, provenance, shapes)
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(path, PARAMS_DIR), dict(params), force=overwrite)
     ckptr.wait_until_finished()
     with open(os.path.join(path, METADATA_FILE), "w") as f:
         json.dump(meta, f, indent=1)
+    return path
+
+
+def save_streamed(
+    path: str | os.PathLike,
+    leaves: Iterable[tuple[str, Any]],
+    *,
+    config: Any = None,
+    kind: str = "",
+    provenance: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Writes the same checkpoint as `save`, one leaf at a time: `leaves` yields ("a/b/c", array) pairs and
+    each array is written (Orbax partial save) before the next is asked for, so a model need never be in memory
+    whole. The checkpoint appears at `path` only once complete. Returns the absolute path."""
+    import shutil
+    import tempfile
+
+    from orbax.checkpoint.experimental.v1 import partial
+
+    path = os.path.abspath(os.fspath(path))
+    _refuse_existing(path, overwrite)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".partial-", dir=parent)
+    try:
+        shapes: dict[str, Any] = {}
+        for key, array in leaves:
+            shapes[key] = [list(np.shape(array)), str(getattr(array, "dtype", np.asarray(array).dtype))]
+            *parents, leaf = key.split("/")
+            tree: dict[str, Any] = {leaf: array}
+            for name in reversed(parents):
+                tree = {name: tree}
+            partial.save(os.path.join(tmp, "orbax"), tree)
+            del array, tree
+        if not shapes:
+            raise CheckpointError(f"nothing to save at {path}")
+        partial.finalize(os.path.join(tmp, "orbax"))
+        # A partial save finalizes to an Orbax checkpoint whose pytree lies under `state/`: that directory is
+        # exactly what `save` writes as params/.
+        os.makedirs(os.path.join(tmp, "ckpt"))
+        os.replace(os.path.join(tmp, "orbax", "state"), os.path.join(tmp, "ckpt", PARAMS_DIR))
+        # What `StandardCheckpointer.save` writes beside the pytree (else Orbax warns on every restore).
+        now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1e9)
+        with open(os.path.join(tmp, "ckpt", PARAMS_DIR, "_CHECKPOINT_METADATA"), "w") as f:
+            json.dump({"item_handlers": "orbax.checkpoint._src.handlers.standard_checkpoint_handler."
+                       "StandardCheckpointHandler", "metrics": {}, "performance_metrics": {},
+                       "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}, f)
+        with open(os.path.join(tmp, "ckpt", METADATA_FILE), "w") as f:
+            json.dump(_metadata(kind, config, provenance, dict(sorted(shapes.items()))), f, indent=1)
+        if os.path.exists(path):
+            shutil.rmtree(path)  # overwrite=True (checked above)
+        os.replace(os.path.join(tmp, "ckpt"), path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

@@ -95,3 +95,30 @@ def test_no_silent_overwrite(tmp_path):
 def test_not_a_checkpoint(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="is not a checkpoint"):
         checkpoint.read_metadata(tmp_path)
+
+
+def test_streamed_save_is_the_same_checkpoint(tmp_path, devices):
+    """`save_streamed` (one leaf at a time, sharded arrays included) restores like `save`, writes the same
+    metadata, and leaves nothing behind when the stream fails halfway."""
+    mesh = sharding.make_mesh(data=4, model=2)
+    params = _params(mesh)
+    leaves = [("embed", params["embed"]), ("layer/bias", params["layer"]["bias"]),
+              ("layer/kernel", params["layer"]["kernel"])]
+    a = checkpoint.save(tmp_path / "a", params, config=Cfg(), kind="test")
+    b = checkpoint.save_streamed(tmp_path / "b", iter(leaves), config=Cfg(), kind="test")
+    meta_a, meta_b = checkpoint.read_metadata(a), checkpoint.read_metadata(b)
+    assert {k: meta_a[k] for k in ("params", "config", "kind")} == {k: meta_b[k] for k in ("params", "config", "kind")}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+    got = checkpoint.restore(b, abstract)
+    assert got["layer"]["kernel"].sharding == params["layer"]["kernel"].sharding
+    jax.tree.map(np.testing.assert_array_equal, got, params)
+    with pytest.raises(checkpoint.CheckpointError, match="already holds"):
+        checkpoint.save_streamed(b, iter(leaves))
+
+    def failing():
+        yield leaves[0]
+        raise RuntimeError("tensor file truncated")
+
+    with pytest.raises(RuntimeError, match="truncated"):
+        checkpoint.save_streamed(tmp_path / "c", failing())
+    assert sorted(os.listdir(tmp_path)) == ["a", "b"]
