@@ -64,7 +64,7 @@ TABLE: tuple[tuple[str, str, Transform], ...] = (
 # `language_model.model.*`); older buffers and the other towers are not part of an LM.
 _PREFIXES = ((re.compile(r"^(model\.language_model\.|language_model\.model\.)"), "model."),
              (re.compile(r"^language_model\.lm_head\."), "lm_head."))
-_IGNORED = re.compile(r"(rotary_emb\.inv_freq$|^(model\.)?(visual|vision_tower|multi_modal_projector|image_newline))")
+IGNORED = re.compile(r"(rotary_emb\.inv_freq$|^(model\.)?(visual|vision_tower|multi_modal_projector|image_newline))")
 
 
 def canonical_name(name: str) -> str:
@@ -79,7 +79,7 @@ Plan = dict[str, list[tuple[str, int | None, Transform]]]
 
 
 def plan(table: Iterable[Entry], names: Iterable[str], *, canonical: Callable[[str], str] = canonical_name,
-         ignored: re.Pattern | None = _IGNORED, n_layers: Callable[[str], int], expected: set[str],
+         ignored: re.Pattern | None = IGNORED, n_layers: Callable[[str], int], expected: set[str],
          what: str = "a Llama/Qwen2 LM") -> Plan:
     """Which stored tensors make each of our parameters, checked before any tensor is read: every name is known
     or ignored, every stacked parameter has exactly layers 0..n_layers(path)-1, and the parameters are `expected`.
@@ -112,20 +112,37 @@ def plan(table: Iterable[Entry], names: Iterable[str], *, canonical: Callable[[s
 
 def assemble(items: list[tuple[str, int | None, Transform]], read: Callable[[str], np.ndarray], head_dim: int,
              dtype=np.float32) -> np.ndarray:
-    """One of our parameters from its `plan` items: each tensor read, transformed, and stacked when per-layer."""
-    ws = [np.asarray(tr.to_ours(np.asarray(read(name), dtype), head_dim), dtype) for name, _, tr in items]
-    return ws[0] if items[0][1] is None else np.stack(ws)
+    """One of our parameters from its `plan` items: each tensor read and transformed, per-layer ones written
+    straight into the stacked array (memory: the result and one layer's tensor)."""
+
+    def one(name: str, tr: Transform) -> np.ndarray:
+        return np.asarray(tr.to_ours(np.asarray(read(name), dtype), head_dim), dtype)
+
+    if items[0][1] is None:
+        return one(items[0][0], items[0][2])
+    out = None
+    for name, i, tr in items:
+        w = one(name, tr)
+        if out is None:
+            out = np.empty((len(items), *w.shape), dtype)
+        out[i] = w
+        del w
+    return out
 
 
 def to_params(cfg: LMConfig, tensors: Iterable[tuple[str, np.ndarray]]) -> Params:
     """(HF name, array) pairs -> our nested params dict (float32 numpy), layers stacked on axis 0."""
     arrays = dict(tensors)
     names = [n for n in arrays if not (cfg.tie_embeddings and canonical_name(n) == "lm_head.weight")]
-    p = plan(TABLE, names, n_layers=lambda path: cfg.n_layers, expected=lm_paths(cfg))
+    p = plan(TABLE, names, n_layers=lambda path: cfg.n_layers, expected=expected_paths(cfg))
     return unflatten({path: assemble(items, arrays.__getitem__, cfg.head_dim) for path, items in p.items()})
 
 
-def lm_paths(cfg: LMConfig) -> set[str]:
+def n_layers(cfg: LMConfig, path: str) -> int:
+    return cfg.n_layers
+
+
+def expected_paths(cfg: LMConfig) -> set[str]:
     """Our LM parameter paths for a config (`TABLE`'s, less the untied head and biases the config lacks)."""
     expected = {p for _, p, _ in TABLE if p != "lm_head" or not cfg.tie_embeddings}
     if not cfg.qkv_bias:
