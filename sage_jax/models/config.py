@@ -21,6 +21,9 @@ class RopeConfig:
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
     attention_factor: float | None = None  # yarn; None -> 0.1 ln(factor) + 1
+    # Multimodal RoPE (Qwen2.5-VL): consecutive runs of these many frequency pairs (summing to H/2) read the
+    # temporal, height and width position streams in turn; empty for a text LM.
+    mrope_section: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,8 @@ class LMConfig:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LMConfig:
         d = dict(d)
-        d["rope"] = RopeConfig(**d.get("rope", {}))
+        rope = dict(d.get("rope", {}))
+        rope["mrope_section"] = tuple(rope.get("mrope_section", ()))
+        d["rope"] = RopeConfig(**rope)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         return cls(**d)

@@ -62,10 +62,21 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
     raise ValueError(f"unknown rope type {rope.type!r}")
 
 
-def apply_rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: np.ndarray,
-               scale: float = 1.0) -> Float[Array, "B T N H"]:
-    """HF layout ("rotate half"): pairs (x[i], x[i + H/2]) rotate together."""
-    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]  # [B, T, H/2]
+def apply_rope(x: Float[Array, "B T N H"], positions: Int[Array, "B T"] | Int[Array, "B T 3"], inv_freq: np.ndarray,
+               scale: float = 1.0, mrope_section: tuple[int, ...] = ()) -> Float[Array, "B T N H"]:
+    """HF layout ("rotate half"): pairs (x[i], x[i + H/2]) rotate together.
+
+    Positions [B, T, 3] are multimodal (Qwen2.5-VL's M-RoPE): frequency pair j turns by the temporal, height or
+    width position, the stream of the `mrope_section` run that holds j (runs cycle t, h, w, t, ...)."""
+    if positions.ndim == 3:
+        if sum(mrope_section) != len(inv_freq):
+            raise ValueError(f"positions [B, T, 3] need an mrope_section summing to {len(inv_freq)}, "
+                             f"got {mrope_section}")
+        stream = np.concatenate([np.full(n, i % 3) for i, n in enumerate(mrope_section)])
+        pos = jnp.take(positions, jnp.asarray(stream), axis=-1).astype(jnp.float32)  # [B, T, H/2]
+        angles = pos * jnp.asarray(inv_freq)[None, None]
+    else:
+        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]  # [B, T, H/2]
     cos = (jnp.cos(angles) * scale)[:, :, None, :]
     sin = (jnp.sin(angles) * scale)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)

@@ -58,7 +58,7 @@ def serving_layer(p: dict) -> dict:
     return out
 
 
-def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"],
+def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
           write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"],
           mask_new: Bool[Array, "B T T"] | None = None):
@@ -81,8 +81,9 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     q = qkv[..., : n * hd].reshape(b, t, n, hd)
     k = qkv[..., n * hd: (n + kh) * hd].reshape(b, t, kh, hd)
     v = qkv[..., (n + kh) * hd:].reshape(b, t, kh, hd)
-    q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale), ("batch", "seq", "heads", "head_dim"))
-    k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale), ("batch", "seq", "kv_heads", "head_dim"))
+    sections = cfg.rope.mrope_section  # used only by [B, T, 3] (multimodal) positions
+    q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale, sections), ("batch", "seq", "heads", "head_dim"))
+    k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale, sections), ("batch", "seq", "kv_heads", "head_dim"))
     if k_cache is not None and mask_new is not None:
         o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask, k, v, mask_new)
         return _mlp(cfg, p, xm, o, b, t), k, v
@@ -167,7 +168,8 @@ class LM:
         return KVCache.zeros(self.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype))
 
     @jax.named_scope(MODEL_SCOPE)
-    def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
+    def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"] | Int[Array, "B T 3"],
+                mask: Bool[Array, "B T S"],
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
                 embeddings: Float[Array, "B T D"] | None = None, write: bool = True
                 ) -> tuple[Float[Array, "B T D"], KVCache | NewKV | None]:
