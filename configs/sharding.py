@@ -156,8 +156,8 @@ def use(mesh: Mesh | None, rules: Rules | str = INFERENCE_RULES) -> Iterator[Mes
     rules = rules_for(rules) if isinstance(rules, str) else rules
     token = _current.set((mesh, rules))
     try:
-        if mesh is None:
-            yield None
+        if mesh is None or not isinstance(mesh, Mesh):  # an AbstractMesh (lowering for devices not here)
+            yield mesh
         else:
             with jax.set_mesh(mesh):
                 yield mesh

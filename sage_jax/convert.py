@@ -1,7 +1,9 @@
-"""`python -m sage_jax.convert SRC OUT [--to sage|hf] [--dtype float32|bfloat16] [--force]`: convert an LM.
+"""`python -m sage_jax.convert SRC OUT [--to sage|hf] [--dtype float32|bfloat16] [--force]`: convert a model.
 
-`--to sage` (default): a GGUF file or an HF directory -> our LM checkpoint (params, metadata.json, tokenizer/).
-`--to hf`: anything `sage_jax.load` reads (e.g. a draft LM written by `train_draft`) -> an HF directory
+`--to sage` (default): a GGUF file or an HF directory (a Llama / Qwen2 / Mistral LM, a Qwen2.5-VL or a
+LLaVA-OneVision, sharded or not) -> our checkpoint (params, metadata.json, tokenizer/, processor/). HF
+directories stream: one parameter is in memory at a time, never the whole checkpoint.
+`--to hf`: a text LM `sage_jax.load` reads (e.g. a draft LM written by `train_draft`) -> an HF directory
 (config.json + float32 model.safetensors + tokenizer) that transformers loads.
 Bad input: one line on stderr, exit code 2.
 """
@@ -28,12 +30,18 @@ def _main(argv: list[str] | None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from sage_jax.io import hf, loader, store
+    from sage_jax.io import architectures, hf, loader, store, vlm_store
 
     with cli.reported(OSError, ValueError):  # configs.checkpoint.CheckpointError is a ValueError
+        kind = loader.detect(args.src)
         if args.to == "hf":
+            if kind == "vlm" or (kind == "hf" and architectures.of_hf_dir(args.src)[0].is_vlm):
+                raise cli.BadInput(f"--to hf converts text LMs; {args.src} is a vision-language model")
             cfg, model, tok = loader.load_lm(args.src, dtype="float32")
             path = hf.write_hf(args.out, cfg, model.params(), tok)
+        elif kind == "hf":
+            path = vlm_store.convert_hf(args.src, args.out, dtype=args.dtype, overwrite=args.force,
+                                        progress=sys.stderr.isatty())
         else:
             cfg, params, tok, provenance = loader.read(args.src)
             cfg = store.with_dtype(cfg, args.dtype)

