@@ -11,7 +11,10 @@ The public API (imported on first use, so `python -m sage_jax.<cli>` starts fast
     model = sage_jax.load(path)                      # GGUF file, HF directory or our checkpoint -> CausalLM
     logits = model(input_ids=ids, attention_mask=mask)   # [B, T, V] float32, as transformers' model(**inputs)
 
-Names: `load`, `load_engine`, `Engine`, `Generation`, `Stats`, `CausalLM`, `TreePolicy`, `DraftSpec`,
+    vlm = sage_jax.load(qwen25_vl_or_llava_ov_path)  # -> VisionLM
+    logits = vlm(**vlm.inputs("What is this?", images=["cat.png"]))   # the processor's keyword arrays
+
+Names: `load`, `load_engine`, `Engine`, `Generation`, `Stats`, `CausalLM`, `VisionLM`, `TreePolicy`, `DraftSpec`,
 `SamplingConfig`, `default_target`, `default_draft`; subpackages `io`, `models`, `decoding`, `training`, `bench`.
 
 Dimension names, used in einsum strings, `jaxtyping` annotations and variable suffixes across the package:
@@ -49,14 +52,15 @@ _API = {
     "Generation": "sage_jax.engine",
     "Stats": "sage_jax.engine",
     "CausalLM": "sage_jax.models.causal_lm",
+    "VisionLM": "sage_jax.models.vision_lm",
     "TreePolicy": "sage_jax.decoding.policies",
     "DraftSpec": "sage_jax.decoding.drafters",
     "SamplingConfig": "sage_jax.decoding.sampling",
 }
 _SUBPACKAGES = ("io", "models", "decoding", "training", "bench", "chat", "prompts", "engine")
 
-__all__ = ["CausalLM", "DraftSpec", "Engine", "Generation", "SamplingConfig", "Stats", "TreePolicy", "default_draft",
-           "default_target", "load", "load_engine"]
+__all__ = ["CausalLM", "DraftSpec", "Engine", "Generation", "SamplingConfig", "Stats", "TreePolicy", "VisionLM",
+           "default_draft", "default_target", "load", "load_engine"]
 
 if TYPE_CHECKING:
     from sage_jax.decoding.drafters import DraftSpec

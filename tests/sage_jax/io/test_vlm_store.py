@@ -246,3 +246,19 @@ def test_conversion_streams_one_parameter_at_a_time(tmp_path):
     ours = sage_jax.load(tmp_path / "big_out")
     ids = np.array([[5, 6, 7, 8]])
     assert np.isfinite(np.asarray(ours(input_ids=ids))).all()
+
+
+def test_readme_vlm_example_runs(hf_vlm, tmp_path, rel_err, monkeypatch):
+    """The README's VLM snippet, run as written on a tiny Qwen2.5-VL directory: its logits are transformers'."""
+    family, path, ref = hf_vlm
+    if family != "qwen":
+        pytest.skip("the README shows Qwen2.5-VL")
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    code = next(b for b in readme.split("```python")[1:] if "Qwen2.5-VL-7B-Instruct" in b).split("```")[0]
+    _image(70, 98, 5).save(tmp_path / "cat.png")
+    monkeypatch.chdir(tmp_path)
+    scope = {"sage_jax": sage_jax}
+    exec(code.replace("path/to/Qwen2.5-VL-7B-Instruct", path), scope)  # noqa: S102 (our own README)
+    np.testing.assert_array_equal(scope["inputs"]["input_ids"], scope["ids"]["input_ids"])
+    assert rel_err(np.asarray(scope["logits"]), _reference_logits(ref, scope["inputs"])) <= 1e-4
+    assert scope["tokens"].shape == (1, 32)
