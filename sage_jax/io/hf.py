@@ -197,28 +197,16 @@ def is_hf_dir(path: str | os.PathLike) -> bool:
         or os.path.isfile(os.path.join(path, "model.safetensors.index.json")))
 
 
-def _safetensors_files(path: str) -> list[str]:
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(path, s) for s in shards]
-    return [os.path.join(path, "model.safetensors")]
-
-
 def tensor_index(path: str | os.PathLike) -> dict[str, str]:
-    """{tensor name: safetensors file} of an HF directory, from the shard index or the file headers (no tensor
+    """{tensor name: safetensors file} of an HF directory, from the shard index or the file's header (no tensor
     is read)."""
-    from safetensors import safe_open
-
     path = os.fspath(path)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
             return {name: os.path.join(path, file) for name, file in json.load(f)["weight_map"].items()}
     file = os.path.join(path, "model.safetensors")
-    with safe_open(file, framework="numpy") as f:
-        return {name: file for name in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+    return {name: file for name in _header(file)[1] if name != "__metadata__"}
 
 
 # safetensors dtype names -> numpy dtypes; bfloat16 (the hub's usual dtype) through ml_dtypes, which numpy lacks and
@@ -228,9 +216,13 @@ _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_d
 
 
 def _header(file: str) -> tuple[int, dict]:
+    """(offset of the data, the JSON header) of a safetensors file."""
     with open(file, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
-        return 8 + n, json.loads(f.read(n))
+        try:
+            return 8 + n, json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError, MemoryError, OverflowError):
+            raise ValueError(f"{file} is not a safetensors file (unreadable header)") from None
 
 
 def tensor_reader(index: Mapping[str, str]) -> Callable[[str], np.ndarray]:
@@ -248,20 +240,11 @@ def tensor_reader(index: Mapping[str, str]) -> Callable[[str], np.ndarray]:
             raise ValueError(f"{file}: tensor {name} has dtype {meta['dtype']}, which this reader does not take")
         lo, hi = meta["data_offsets"]
         dtype = np.dtype(_DTYPES[meta["dtype"]])
-        if hi - lo != dtype.itemsize * int(np.prod(meta["shape"])):
+        if hi - lo != dtype.itemsize * int(np.prod(meta["shape"])) or start + hi > os.path.getsize(file):
             raise ValueError(f"{file} is truncated or corrupt at tensor {name}")
         return np.memmap(file, dtype=dtype, mode="r", offset=start + lo, shape=tuple(meta["shape"]))
 
     return read
-
-
-def _tensors(files: list[str]):
-    from safetensors import safe_open
-
-    for file in files:
-        with safe_open(file, framework="numpy") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, f.get_tensor(name)
 
 
 def read_config(path: str | os.PathLike) -> LMConfig:
@@ -287,7 +270,9 @@ def read_hf(path: str | os.PathLike) -> tuple[LMConfig, Params, Any]:
     if not is_hf_dir(path):
         raise ValueError(f"{path} is not an HF model directory (expected config.json and model.safetensors)")
     cfg = read_config(path)
-    params = to_params(cfg, _tensors(_safetensors_files(path)))
+    index = tensor_index(path)
+    read = tensor_reader(index)
+    params = to_params(cfg, ((name, read(name)) for name in index))
     return cfg, params, read_tokenizer(path)
 
 

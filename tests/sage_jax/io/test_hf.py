@@ -119,3 +119,19 @@ def test_language_model_prefix_and_stray_tensors(tmp_path):
 def test_hf_config_round_trips_through_from_hf():
     for cfg in [LMConfig.tiny(), LMConfig.smollm2_135m()]:
         assert LMConfig.from_hf(json.loads(json.dumps(hf.hf_config(cfg)))) == cfg
+
+
+def test_tensor_reader_takes_bfloat16_and_refuses_truncated_files(tmp_path):
+    """Hub checkpoints are bfloat16, which `safetensors.numpy` refuses: our reader maps any stored dtype."""
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.randn(3, 5, dtype=torch.bfloat16), "b": torch.randn(4, dtype=torch.float16)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    read = hf.tensor_reader(hf.tensor_index(tmp_path))
+    for name, t in tensors.items():
+        np.testing.assert_array_equal(np.asarray(read(name), np.float32), t.float().numpy())
+    assert read("a").dtype.name == "bfloat16"
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[:-8])
+    with pytest.raises(ValueError):
+        hf.tensor_reader(hf.tensor_index(tmp_path))("b")
