@@ -113,16 +113,21 @@ def load_lm(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.shar
     """
     cfg = with_dtype(read_config(path), dtype)
     graphdef, state = abstract_model(cfg)
-    abstract = nnx.to_pure_dict(state)  # ShapeDtypeStructs in cfg.param_dtype; Orbax casts on restore
+    return cfg, restore_module(path, graphdef, state, mesh), read_tokenizer(path)
+
+
+def restore_module(path: str | os.PathLike, graphdef, state, mesh: jax.sharding.Mesh | None = None):
+    """The NNX module of (graphdef, abstract state) holding the checkpoint's params, each array restored straight
+    onto its shard of `mesh` (or the default device) in the state's dtype (Orbax casts on restore)."""
+    abstract = nnx.to_pure_dict(state)
     if mesh is None:
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
     else:
         shardings = nnx.to_pure_dict(sharding.state_shardings(state, mesh))
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    params = checkpoint.restore(path, abstract)
-    nnx.replace_by_pure_dict(state, params)
-    return cfg, nnx.merge(graphdef, state), read_tokenizer(path)
+    nnx.replace_by_pure_dict(state, checkpoint.restore(path, abstract))
+    return nnx.merge(graphdef, state)
 
 
 def save_head(path: str, head_cfg: LMConfig, head_params: Mapping[str, Any], *, target_cfg: LMConfig | None = None,

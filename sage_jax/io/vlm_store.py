@@ -174,16 +174,9 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=N
     """Our VLM checkpoint -> (family, config, module), restored straight onto `mesh` when given."""
     arch, cfg = read_config(path)
     cfg = with_dtype(arch, cfg, dtype)
-    graphdef, state = abstract(arch, cfg)
-    target = nnx.to_pure_dict(state)
-    if mesh is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), target)
-    else:
-        shardings = nnx.to_pure_dict(sharding.state_shardings(state, mesh))
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings)
-    nnx.replace_by_pure_dict(state, checkpoint.restore(path, target))
-    return arch, cfg, nnx.merge(graphdef, state)
+    from sage_jax.io import store
+
+    return arch, cfg, store.restore_module(path, *abstract(arch, cfg), mesh)
 
 
 def load_hf(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):

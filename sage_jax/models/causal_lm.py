@@ -32,6 +32,23 @@ def _logits(lm: LM, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], val
     return lm.head(hidden).astype(jnp.float32)
 
 
+def token_batch(input_ids, attention_mask, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A tokenizer's `input_ids` / `attention_mask` ([B, T] or [T], numpy or jax) -> (ids [B, T], kept bool
+    [B, T]), checked with one-line ValueErrors (every model's `__call__` takes its ids through here)."""
+    tokens = np.asarray(input_ids)
+    tokens = tokens[None] if tokens.ndim == 1 else tokens
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"input_ids must be integer ids of shape [B, T] with T >= 1, got {list(tokens.shape)} "
+                         f"{tokens.dtype}")
+    if tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise ValueError(f"input_ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
+    valid = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    valid = valid[None] if valid.ndim == 1 else valid
+    if valid.shape != tokens.shape:
+        raise ValueError(f"attention_mask has shape {list(valid.shape)}, input_ids {list(tokens.shape)}")
+    return tokens, valid
+
+
 class CausalLM:
     """A decoder LM with its tokenizer.
 
@@ -69,19 +86,7 @@ class CausalLM:
         kw.pop("token_type_ids", None)  # some tokenizers return it; a decoder LM has no segments
         if kw:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(kw))}")
-        tokens = np.asarray(input_ids)
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ValueError(f"input_ids must be integer ids of shape [B, T] with T >= 1, got {tokens.shape} "
-                             f"{tokens.dtype}")
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
-        valid = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-        if valid.ndim == 1:
-            valid = valid[None]
-        if valid.shape != tokens.shape:
-            raise ValueError(f"attention_mask has shape {valid.shape}, input_ids {tokens.shape}")
+        tokens, valid = token_batch(input_ids, attention_mask, self.config.vocab_size)
         if position_ids is None:
             positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0)
         else:

@@ -29,7 +29,8 @@ from sage_jax.models.kv_cache import KVCache
 _INIT = nnx.initializers.normal(0.02)
 
 
-def _param(rngs, shape, axes, dtype, init=_INIT):
+def param(rngs: nnx.Rngs, shape, axes, dtype, init=_INIT) -> nnx.Param:
+    """A parameter drawn by `init` (default N(0, 0.02)) and labelled with its logical axes (configs.sharding)."""
     return nnx.Param(init(rngs.params(), shape, dtype), axes=axes)
 
 
@@ -40,20 +41,20 @@ class Blocks(nnx.Module):
         L, D, N, K, H, F = cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
         dt = jnp.dtype(cfg.param_dtype)
         ones = nnx.initializers.ones
-        self.attn_norm = _param(rngs, (L, D), ("layers", "embed"), dt, ones)
-        self.wq = _param(rngs, (L, D, N, H), ("layers", "embed", "heads", "head_dim"), dt)
-        self.wk = _param(rngs, (L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), dt)
-        self.wv = _param(rngs, (L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), dt)
+        self.attn_norm = param(rngs, (L, D), ("layers", "embed"), dt, ones)
+        self.wq = param(rngs, (L, D, N, H), ("layers", "embed", "heads", "head_dim"), dt)
+        self.wk = param(rngs, (L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), dt)
+        self.wv = param(rngs, (L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), dt)
         if cfg.qkv_bias:
             zeros = nnx.initializers.zeros
-            self.bq = _param(rngs, (L, N, H), ("layers", "heads", "head_dim"), dt, zeros)
-            self.bk = _param(rngs, (L, K, H), ("layers", "kv_heads", "head_dim"), dt, zeros)
-            self.bv = _param(rngs, (L, K, H), ("layers", "kv_heads", "head_dim"), dt, zeros)
-        self.wo = _param(rngs, (L, N, H, D), ("layers", "heads", "head_dim", "embed"), dt)
-        self.mlp_norm = _param(rngs, (L, D), ("layers", "embed"), dt, ones)
-        self.w_gate = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
-        self.w_up = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
-        self.w_down = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
+            self.bq = param(rngs, (L, N, H), ("layers", "heads", "head_dim"), dt, zeros)
+            self.bk = param(rngs, (L, K, H), ("layers", "kv_heads", "head_dim"), dt, zeros)
+            self.bv = param(rngs, (L, K, H), ("layers", "kv_heads", "head_dim"), dt, zeros)
+        self.wo = param(rngs, (L, N, H, D), ("layers", "heads", "head_dim", "embed"), dt)
+        self.mlp_norm = param(rngs, (L, D), ("layers", "embed"), dt, ones)
+        self.w_gate = param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+        self.w_up = param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+        self.w_down = param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
 
 
 class Decoder(nnx.Module):
@@ -66,11 +67,11 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dt = jnp.dtype(cfg.param_dtype)
-        self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), dt)
+        self.embed = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), dt)
         self.blocks = Blocks(cfg, rngs=rngs)
-        self.final_norm = _param(rngs, (cfg.d_model,), ("embed",), dt, nnx.initializers.ones)
+        self.final_norm = param(rngs, (cfg.d_model,), ("embed",), dt, nnx.initializers.ones)
         if not cfg.tie_embeddings:
-            self.lm_head = _param(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), dt)
+            self.lm_head = param(rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), dt)
 
     def init_cache(self, batch: int, capacity: int, n_layers: int | None = None) -> KVCache:
         cfg = self.cfg

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sage_jax.models import anyres
+from sage_jax.models.causal_lm import token_batch
 
 if TYPE_CHECKING:
     from sage_jax.models.llava_onevision import LlavaOnevisionConfig
@@ -63,17 +64,7 @@ def prepare(cfg: LlavaOnevisionConfig, input_ids, attention_mask, pixel_values, 
         kw.pop(name, None)
     if kw:
         raise ValueError(f"unexpected keyword argument(s) for LLaVA-OneVision: {', '.join(sorted(kw))}")
-    tokens = np.asarray(input_ids)
-    tokens = tokens[None] if tokens.ndim == 1 else tokens
-    if tokens.ndim != 2 or tokens.shape[1] == 0 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"input_ids must be integer ids of shape [B, T], got {tokens.shape} {tokens.dtype}")
-    v = cfg.text.vocab_size
-    if tokens.min() < 0 or tokens.max() >= v:
-        raise ValueError(f"input_ids must lie in [0, {v}), got {tokens.min()}..{tokens.max()}")
-    valid = np.ones(tokens.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-    valid = valid[None] if valid.ndim == 1 else valid
-    if valid.shape != tokens.shape:
-        raise ValueError(f"attention_mask has shape {valid.shape}, input_ids {tokens.shape}")
+    tokens, valid = token_batch(input_ids, attention_mask, cfg.text.vocab_size)
     positions = np.maximum(np.cumsum(valid, axis=1) - 1, 0).astype(np.int32)
     flat = tokens.reshape(-1)
     image_slots = np.flatnonzero(flat == cfg.image_token_id).astype(np.int32)

@@ -30,7 +30,7 @@ from jaxtyping import Array, Float, Int
 
 from sage_jax.models import anyres, lm
 from sage_jax.models.config import LMConfig, RopeConfig
-from sage_jax.models.decoder import Decoder
+from sage_jax.models.decoder import Decoder, param
 from sage_jax.models.llava_inputs import expand_placeholders, prepare, video_inputs
 from sage_jax.models.siglip import ACTIVATIONS, SiglipConfig, SiglipVision, hidden_states
 
@@ -152,12 +152,11 @@ class Projector(nnx.Module):
     def __init__(self, cfg: LlavaOnevisionConfig, *, rngs: nnx.Rngs):
         d_in, d = cfg.vision.hidden_size * len(cfg.feature_layers), cfg.text.d_model
         dt = jnp.dtype(cfg.text.param_dtype)
-        init, zeros = nnx.initializers.normal(0.02), nnx.initializers.zeros
-        self.w1 = nnx.Param(init(rngs.params(), (d_in, d), dt), axes=(None, "embed"))
-        self.w2 = nnx.Param(init(rngs.params(), (d, d), dt), axes=(None, "embed"))
+        self.w1 = param(rngs, (d_in, d), (None, "embed"), dt)
+        self.w2 = param(rngs, (d, d), (None, "embed"), dt)
         if cfg.projector_bias:
-            self.b1 = nnx.Param(zeros(rngs.params(), (d,), dt), axes=("embed",))
-            self.b2 = nnx.Param(zeros(rngs.params(), (d,), dt), axes=("embed",))
+            self.b1 = param(rngs, (d,), ("embed",), dt, nnx.initializers.zeros)
+            self.b2 = param(rngs, (d,), ("embed",), dt, nnx.initializers.zeros)
 
 
 class LlavaOnevision(nnx.Module):

@@ -204,20 +204,12 @@ def prepare(cfg, input_ids, attention_mask, pixel_values, image_grid_thw, pixel_
     valid bool [B, T], pixels (image rows then video rows, or None) with the tower's `layout`, src int32 [B, T]
     (which feature each placeholder takes, -1 for text), and `rope_index`'s positions and deltas."""
     from sage_jax.models import qwen25_vision
+    from sage_jax.models.causal_lm import token_batch
 
     unexpected = {k: v for k, v in unexpected.items() if k not in ("token_type_ids", "mm_token_type_ids")}
     if unexpected:
         raise ValueError(f"unexpected keyword argument(s) for Qwen2.5-VL: {', '.join(sorted(unexpected))}")
-    ids = np.asarray(input_ids)
-    ids = ids[None] if ids.ndim == 1 else ids
-    if ids.ndim != 2 or ids.shape[1] == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"input_ids must be integer ids [B, T] with T >= 1, got {list(ids.shape)} {ids.dtype}")
-    if ids.min() < 0 or ids.max() >= cfg.text.vocab_size:
-        raise ValueError(f"input_ids must lie in [0, {cfg.text.vocab_size}), got {ids.min()}..{ids.max()}")
-    valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) > 0
-    valid = valid[None] if valid.ndim == 1 else valid
-    if valid.shape != ids.shape:
-        raise ValueError(f"attention_mask has shape {list(valid.shape)}, input_ids {list(ids.shape)}")
+    ids, valid = token_batch(input_ids, attention_mask, cfg.text.vocab_size)
     img_px, img_g = _visual(cfg, "pixel_values", pixel_values, "image_grid_thw", image_grid_thw)
     vid_px, vid_g = _visual(cfg, "pixel_values_videos", pixel_values_videos, "video_grid_thw", video_grid_thw)
     u = cfg.vision.spatial_merge_size**2

@@ -29,6 +29,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from sage_jax.models import layers
+from sage_jax.models.decoder import param
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,13 +80,6 @@ class Qwen25VisionConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
 
-_INIT = nnx.initializers.normal(0.02)
-
-
-def _param(rngs, shape, axes, dtype, init=_INIT):
-    return nnx.Param(init(rngs.params(), shape, dtype), axes=axes)
-
-
 class VisionBlocks(nnx.Module):
     """All blocks, each parameter stacked on a leading layer axis."""
 
@@ -93,18 +87,18 @@ class VisionBlocks(nnx.Module):
         L, D, F = cfg.depth, cfg.hidden_size, cfg.intermediate_size
         dt = jnp.dtype(cfg.param_dtype)
         ones, zeros = nnx.initializers.ones, nnx.initializers.zeros
-        self.norm1 = _param(rngs, (L, D), ("layers", "embed"), dt, ones)
-        self.norm2 = _param(rngs, (L, D), ("layers", "embed"), dt, ones)
-        self.wqkv = _param(rngs, (L, D, 3 * D), ("layers", "embed", None), dt)
-        self.bqkv = _param(rngs, (L, 3 * D), ("layers", None), dt, zeros)
-        self.wo = _param(rngs, (L, D, D), ("layers", None, "embed"), dt)
-        self.bo = _param(rngs, (L, D), ("layers", "embed"), dt, zeros)
-        self.w_gate = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
-        self.b_gate = _param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
-        self.w_up = _param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
-        self.b_up = _param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
-        self.w_down = _param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
-        self.b_down = _param(rngs, (L, D), ("layers", "embed"), dt, zeros)
+        self.norm1 = param(rngs, (L, D), ("layers", "embed"), dt, ones)
+        self.norm2 = param(rngs, (L, D), ("layers", "embed"), dt, ones)
+        self.wqkv = param(rngs, (L, D, 3 * D), ("layers", "embed", None), dt)
+        self.bqkv = param(rngs, (L, 3 * D), ("layers", None), dt, zeros)
+        self.wo = param(rngs, (L, D, D), ("layers", None, "embed"), dt)
+        self.bo = param(rngs, (L, D), ("layers", "embed"), dt, zeros)
+        self.w_gate = param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+        self.b_gate = param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
+        self.w_up = param(rngs, (L, D, F), ("layers", "embed", "mlp"), dt)
+        self.b_up = param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
+        self.w_down = param(rngs, (L, F, D), ("layers", "mlp", "embed"), dt)
+        self.b_down = param(rngs, (L, D), ("layers", "embed"), dt, zeros)
 
 
 class Merger(nnx.Module):
@@ -113,17 +107,17 @@ class Merger(nnx.Module):
     def __init__(self, cfg: Qwen25VisionConfig, *, rngs: nnx.Rngs):
         D, M = cfg.hidden_size, cfg.hidden_size * cfg.spatial_merge_size**2
         dt = jnp.dtype(cfg.param_dtype)
-        self.norm = _param(rngs, (D,), ("embed",), dt, nnx.initializers.ones)
-        self.w1 = _param(rngs, (M, M), (None, None), dt)
-        self.b1 = _param(rngs, (M,), (None,), dt, nnx.initializers.zeros)
-        self.w2 = _param(rngs, (M, cfg.out_hidden_size), (None, "embed"), dt)
-        self.b2 = _param(rngs, (cfg.out_hidden_size,), ("embed",), dt, nnx.initializers.zeros)
+        self.norm = param(rngs, (D,), ("embed",), dt, nnx.initializers.ones)
+        self.w1 = param(rngs, (M, M), (None, None), dt)
+        self.b1 = param(rngs, (M,), (None,), dt, nnx.initializers.zeros)
+        self.w2 = param(rngs, (M, cfg.out_hidden_size), (None, "embed"), dt)
+        self.b2 = param(rngs, (cfg.out_hidden_size,), ("embed",), dt, nnx.initializers.zeros)
 
 
 class Qwen25Vision(nnx.Module):
     def __init__(self, cfg: Qwen25VisionConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.patch_embed = _param(rngs, (cfg.patch_dim, cfg.hidden_size), (None, "embed"),
+        self.patch_embed = param(rngs, (cfg.patch_dim, cfg.hidden_size), (None, "embed"),
                                   jnp.dtype(cfg.param_dtype))
         self.blocks = VisionBlocks(cfg, rngs=rngs)
         self.merger = Merger(cfg, rngs=rngs)

@@ -24,6 +24,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from configs.sharding import shard
+from sage_jax.models.decoder import param
 
 #: transformers' ACT2FN names -> jax (the tanh approximation is `gelu_pytorch_tanh` / `gelu_new`).
 ACTIVATIONS = {
@@ -98,13 +99,6 @@ class SiglipConfig:
         return cls(**d)
 
 
-_INIT = nnx.initializers.normal(0.02)
-
-
-def _param(rngs, shape, axes, dtype, init=_INIT):
-    return nnx.Param(init(rngs.params(), shape, dtype), axes=axes)
-
-
 class SiglipBlocks(nnx.Module):
     """The L encoder layers, every parameter stacked on a leading layer axis."""
 
@@ -113,15 +107,15 @@ class SiglipBlocks(nnx.Module):
         dt = jnp.dtype(cfg.param_dtype)
         ones, zeros = nnx.initializers.ones, nnx.initializers.zeros
         for n in ("ln1", "ln2"):
-            setattr(self, f"{n}_scale", _param(rngs, (L, D), ("layers", None), dt, ones))
-            setattr(self, f"{n}_bias", _param(rngs, (L, D), ("layers", None), dt, zeros))
+            setattr(self, f"{n}_scale", param(rngs, (L, D), ("layers", None), dt, ones))
+            setattr(self, f"{n}_bias", param(rngs, (L, D), ("layers", None), dt, zeros))
         for n in ("q", "k", "v", "o"):
-            setattr(self, f"w{n}", _param(rngs, (L, D, D), ("layers", None, None), dt))
-            setattr(self, f"b{n}", _param(rngs, (L, D), ("layers", None), dt, zeros))
-        self.w_fc1 = _param(rngs, (L, D, F), ("layers", None, "mlp"), dt)
-        self.b_fc1 = _param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
-        self.w_fc2 = _param(rngs, (L, F, D), ("layers", "mlp", None), dt)
-        self.b_fc2 = _param(rngs, (L, D), ("layers", None), dt, zeros)
+            setattr(self, f"w{n}", param(rngs, (L, D, D), ("layers", None, None), dt))
+            setattr(self, f"b{n}", param(rngs, (L, D), ("layers", None), dt, zeros))
+        self.w_fc1 = param(rngs, (L, D, F), ("layers", None, "mlp"), dt)
+        self.b_fc1 = param(rngs, (L, F), ("layers", "mlp"), dt, zeros)
+        self.w_fc2 = param(rngs, (L, F, D), ("layers", "mlp", None), dt)
+        self.b_fc2 = param(rngs, (L, D), ("layers", None), dt, zeros)
 
 
 class SiglipVision(nnx.Module):
@@ -131,9 +125,9 @@ class SiglipVision(nnx.Module):
         self.cfg = cfg
         D, p, C = cfg.hidden_size, cfg.patch_size, cfg.num_channels
         dt = jnp.dtype(cfg.param_dtype)
-        self.patch_embed = _param(rngs, (C, p, p, D), (None, None, None, None), dt)
-        self.patch_bias = _param(rngs, (D,), (None,), dt, nnx.initializers.zeros)
-        self.pos_embed = _param(rngs, (cfg.num_patches, D), (None, None), dt)
+        self.patch_embed = param(rngs, (C, p, p, D), (None, None, None, None), dt)
+        self.patch_bias = param(rngs, (D,), (None,), dt, nnx.initializers.zeros)
+        self.pos_embed = param(rngs, (cfg.num_patches, D), (None, None), dt)
         self.blocks = SiglipBlocks(cfg, rngs=rngs)
 
     def __call__(self, pixels, layers=(-1,)):
