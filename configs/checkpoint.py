@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -119,59 +120,117 @@ def save(
     return path
 
 
-def save_streamed(
-    path: str | os.PathLike,
-    leaves: Iterable[tuple[str, Any]],
-    *,
-    config: Any = None,
-    kind: str = "",
-    provenance: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-) -> str:
-    """Writes the same checkpoint as `save`, one leaf at a time: `leaves` yields ("a/b/c", array) pairs and
-    each array is written (Orbax partial save) before the next is asked for, so a model need never be in memory
-    whole. The checkpoint appears at `path` only once complete. Returns the absolute path."""
-    import shutil
-    import tempfile
+class Writer:
+    """Writes a checkpoint array by array and slice by slice, so that nothing bigger than a slice need be in
+    memory: the same checkpoint `save` writes (Orbax restores it, plain `orbax.checkpoint` included).
 
-    from orbax.checkpoint.experimental.v1 import partial
+    The arrays go through tensorstore in the storage Orbax uses (zarr3 arrays in one OCDBT database, named by
+    their dotted tree path) and `params/_METADATA` lists the tree. The checkpoint appears at `path` only on
+    `commit`; leaving the `with` block without it (an error) removes everything written::
 
-    path = os.path.abspath(os.fspath(path))
-    _refuse_existing(path, overwrite)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".partial-", dir=parent)
-    try:
-        shapes: dict[str, Any] = {}
-        for key, array in leaves:
-            shapes[key] = [list(np.shape(array)), str(getattr(array, "dtype", np.asarray(array).dtype))]
-            *parents, leaf = key.split("/")
-            tree: dict[str, Any] = {leaf: array}
-            for name in reversed(parents):
-                tree = {name: tree}
-            partial.save(os.path.join(tmp, "orbax"), tree)
-            del array, tree
-        if not shapes:
-            raise CheckpointError(f"nothing to save at {path}")
-        partial.finalize(os.path.join(tmp, "orbax"))
-        # A partial save finalizes to an Orbax checkpoint whose pytree lies under `state/`: that directory is
-        # exactly what `save` writes as params/.
-        os.makedirs(os.path.join(tmp, "ckpt"))
-        os.replace(os.path.join(tmp, "orbax", "state"), os.path.join(tmp, "ckpt", PARAMS_DIR))
+        with checkpoint.Writer(path) as w:
+            w.create("blocks/wq", (L, D, N, H), np.float32)[i] = layer_i      # any index tensorstore takes
+            w.put("embed", embed)
+            w.commit(config=cfg, kind="lm")
+    """
+
+    #: Upper bound of one stored chunk: reads and writes move whole chunks.
+    CHUNK_BYTES = 16 << 20
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
+        import tempfile
+
+        self.path = os.path.abspath(os.fspath(path))
+        _refuse_existing(self.path, overwrite)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._tmp = tempfile.mkdtemp(prefix=".writing-", dir=os.path.dirname(self.path))
+        self._params = os.path.join(self._tmp, PARAMS_DIR)
+        os.makedirs(self._params)
+        self._shapes: dict[str, Any] = {}
+        self._arrays: dict[str, Any] = {}
+        self._context = None
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        self._arrays.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @classmethod
+    def chunk_shape(cls, shape: tuple[int, ...], itemsize: int, stacked: bool = False) -> list[int]:
+        """The largest dimension halved until a chunk fits `CHUNK_BYTES`; a `stacked` array (layers on its
+        leading axis, written one layer at a time) keeps one layer per chunk."""
+        chunk = [int(n) for n in shape]
+        if stacked and chunk:
+            chunk[0] = 1
+        while chunk and math.prod(chunk) * itemsize > cls.CHUNK_BYTES:
+            i = max(range(len(chunk)), key=lambda j: chunk[j])
+            chunk[i] = -(-chunk[i] // 2)
+        return chunk
+
+    def create(self, key: str, shape, dtype, *, stacked: bool = False):
+        """A writable tensorstore array for parameter `key` ("a/b/c"), zero until written (`chunk_shape`)."""
+        import tensorstore as ts
+
+        if key in self._shapes:
+            raise CheckpointError(f"'{key}' written twice")
+        dtype, shape = np.dtype(dtype), tuple(int(n) for n in shape)
+        self._shapes[key] = [list(shape), dtype.name]
+        if self._context is None:
+            self._context = ts.Context()
+        spec = {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{self._params}",
+                                               "path": key.replace("/", ".")},
+                "metadata": {"shape": list(shape), "data_type": dtype.name,
+                             "chunk_grid": {"name": "regular", "configuration": {
+                                 "chunk_shape": self.chunk_shape(shape, dtype.itemsize, stacked)}}},
+                "create": True, "store_data_equal_to_fill_value": True}
+        array = ts.open(spec, context=self._context).result()
+        self._arrays[key] = array
+        return _Committing(array)
+
+    def put(self, key: str, value) -> None:
+        """Writes a whole array (numpy, or a fully addressable jax array)."""
+        value = np.asarray(value)
+        self.create(key, value.shape, value.dtype)[...] = value
+
+    def commit(self, *, config: Any = None, kind: str = "", provenance: Mapping[str, Any] | None = None) -> str:
+        """Writes the tree and metadata files and moves the checkpoint to `path`. Returns the path."""
+        import shutil
+
+        if not self._shapes:
+            raise CheckpointError(f"nothing to save at {self.path}")
+        self._arrays.clear()
+        tree = {str(tuple(k.split("/"))): {"key_metadata": [{"key": part, "key_type": 2} for part in k.split("/")],
+                                           "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False}}
+                for k in sorted(self._shapes)}
+        with open(os.path.join(self._params, "_METADATA"), "w") as f:
+            json.dump({"tree_metadata": tree, "use_ocdbt": True, "use_zarr3": True,
+                       "store_array_data_equal_to_fill_value": True, "custom_metadata": None}, f)
         # What `StandardCheckpointer.save` writes beside the pytree (else Orbax warns on every restore).
         now = int(datetime.datetime.now(datetime.UTC).timestamp() * 1e9)
-        with open(os.path.join(tmp, "ckpt", PARAMS_DIR, "_CHECKPOINT_METADATA"), "w") as f:
+        with open(os.path.join(self._params, "_CHECKPOINT_METADATA"), "w") as f:
             json.dump({"item_handlers": "orbax.checkpoint._src.handlers.standard_checkpoint_handler."
                        "StandardCheckpointHandler", "metrics": {}, "performance_metrics": {},
                        "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}, f)
-        with open(os.path.join(tmp, "ckpt", METADATA_FILE), "w") as f:
-            json.dump(_metadata(kind, config, provenance, dict(sorted(shapes.items()))), f, indent=1)
-        if os.path.exists(path):
-            shutil.rmtree(path)  # overwrite=True (checked above)
-        os.replace(os.path.join(tmp, "ckpt"), path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        with open(os.path.join(self._tmp, METADATA_FILE), "w") as f:
+            json.dump(_metadata(kind, config, provenance, dict(sorted(self._shapes.items()))), f, indent=1)
+        if os.path.exists(self.path):
+            shutil.rmtree(self.path)  # overwrite=True (checked on creation)
+        os.replace(self._tmp, self.path)
+        return self.path
+
+
+class _Committing:
+    """A tensorstore array whose item assignment waits until the slice is stored (its memory is then free)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __setitem__(self, index, value) -> None:
+        self._array[index].write(np.asarray(value)).result()
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

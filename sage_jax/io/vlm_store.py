@@ -7,16 +7,17 @@ A VLM checkpoint (kind "vlm")::
     CKPT/tokenizer/      the tokenizer (save_pretrained)
     CKPT/processor/      the HF directory's preprocessor / processor / chat-template files, copied
 
-Conversion streams: the HF tensors of one parameter are read, transformed, cast and written (or placed on the
-mesh) before the next parameter is read, so host memory holds one parameter, never the checkpoint. A per-layer
-parameter is stacked on its leading axis (the checkpoint layout), so the unit is one parameter over all layers;
-on a mesh each device keeps only its shard of it.
+Conversion streams: each stored tensor is read (memory-mapped), transformed to our layout and written chunk by
+chunk (`configs.checkpoint.Writer`) before the next is read, so host memory holds about one stored tensor, never
+the checkpoint; a per-layer tensor goes straight into its layer of the stacked parameter. Loading an HF
+directory streams the same way onto the device(s), each per-layer parameter assembled in a device buffer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import shutil
 from collections.abc import Iterator
@@ -71,48 +72,68 @@ def _zeros(shape, dtype, where) -> jax.Array:
     return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=where)()
 
 
+def _parameters(arch: Architecture, cfg, src: str | os.PathLike):
+    """Per parameter of the HF directory, in the order of its plan: (path, shape, dtype, layers), where `layers`
+    yields (layer index or None, the stored tensor transformed to our layout) one tensor at a time, each checked
+    against the shape the config expects (one-line errors). A tensor is a memory-mapped view where its transform
+    allows, so nothing is read before it is used."""
+    _, state = abstract(arch, cfg)
+    want = hf.flatten(nnx.to_pure_dict(state))
+    index = hf.tensor_index(src)
+    read = hf.tensor_reader(index)
+    head_dim = arch.text_config(cfg).head_dim
+
+    def layers(path, items, shape):
+        for name, i, tr in items:
+            w = tr.to_ours(read(name), head_dim)
+            expected = shape if i is None else shape[1:]
+            if tuple(w.shape) != expected:
+                raise ValueError(f"{os.fspath(src)}: {name} gives '{path}' a shape {tuple(w.shape)}, the config "
+                                 f"expects {expected}")
+            yield i, w
+            del w
+
+    for path, items in arch.plan(cfg, list(index)).items():
+        if path not in want:
+            raise ValueError(f"{os.fspath(src)}: '{path}' is absent from the config")
+        shape = tuple(want[path].shape)
+        yield path, shape, want[path].dtype, layers(path, items, shape)
+
+
 def streamed_leaves(arch: Architecture, cfg, src: str | os.PathLike, shardings: dict | None = None
                     ) -> Iterator[tuple[str, jax.Array]]:
     """The HF directory's parameters as (path, device array in the config's param dtype), one at a time.
 
     A per-layer parameter is assembled on the device(s): its buffer is allocated there (sharded by
     `shardings[path]` when given) and each layer's tensor is read, transformed and written into it before the
-    next is read. Host memory so holds one stored tensor and its transform at a time, at most twice the largest
-    tensor, whatever the model's size; a tensor never spans shards, so that is at most twice the largest shard.
-    Every parameter is checked against the shape the config expects (one-line error)."""
-    _, state = abstract(arch, cfg)
-    want = hf.flatten(nnx.to_pure_dict(state))
-    index = hf.tensor_index(src)
-    read = hf.tensor_reader(index)
-    head_dim = arch.text_config(cfg).head_dim
+    next is read, so on an accelerator host memory holds one stored tensor and its transform at a time."""
     default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-    def one(name, tr, shape, path):
-        w = tr.to_ours(read(name), head_dim)
-        if tuple(w.shape) != tuple(shape):
-            raise ValueError(f"{os.fspath(src)}: {name} gives '{path}' a shape {tuple(w.shape)}, the config expects "
-                             f"{tuple(shape)}")
-        return w
-
-    for path, items in arch.plan(cfg, list(index)).items():
-        if path not in want:
-            raise ValueError(f"{os.fspath(src)}: '{path}' is absent from the config")
-        shape, dtype = tuple(want[path].shape), want[path].dtype
+    for path, shape, dtype, layers in _parameters(arch, cfg, src):
         where = (shardings or {}).get(path, default)
-        if items[0][1] is None:
-            name, _, tr = items[0]
-            placed = jax.device_put(np.asarray(one(name, tr, shape, path), dtype), where)
-        else:
-            placed = _zeros(shape, dtype, where)
-            layer_where = where
-            if isinstance(where, jax.sharding.NamedSharding):
-                layer_where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec(*where.spec[1:]))
-            for name, i, tr in items:
-                w = jax.device_put(np.asarray(one(name, tr, shape[1:], path), dtype), layer_where)
-                placed = _set_layer(placed, w, jnp.int32(i))
-                del w
+        layer_where = where
+        if isinstance(where, jax.sharding.NamedSharding):
+            layer_where = jax.sharding.NamedSharding(where.mesh, jax.sharding.PartitionSpec(*where.spec[1:]))
+        placed = None
+        for i, w in layers:
+            if i is None:
+                placed = jax.device_put(np.asarray(w, dtype), where)
+            else:
+                placed = _zeros(shape, dtype, where) if placed is None else placed
+                placed = _set_layer(placed, jax.device_put(np.asarray(w, dtype), layer_where), jnp.int32(i))
+            del w
         yield path, placed
         del placed
+
+
+def _write(dst, at: tuple, w: np.ndarray, dtype, chunk: list[int]) -> None:
+    """Writes tensor `w` at index `at` of a checkpoint array chunk by chunk (`chunk`: the chunk shape of `w`'s
+    dimensions), so only one chunk is copied out of the memory map at a time."""
+    if w.ndim == 0:
+        dst[at] = np.asarray(w, dtype)
+        return
+    for start in itertools.product(*(range(0, n, c) for n, c in zip(w.shape, chunk, strict=True))):
+        block = tuple(slice(lo, lo + c) for lo, c in zip(start, chunk, strict=True))
+        dst[(*at, *block)] = np.asarray(w[block], dtype)
 
 
 def build_streamed(arch: Architecture, cfg, leaves: Iterator[tuple[str, Any]]):
@@ -132,8 +153,10 @@ def _copy_processor_files(src: str, out: str) -> None:
 
 def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | None = None, overwrite: bool = False,
                progress: bool = False) -> str:
-    """An HF directory (text LM or VLM, sharded or not) -> our checkpoint, streamed one parameter at a time
-    (`configs.checkpoint.save_streamed`). Returns the checkpoint's path."""
+    """An HF directory (text LM or VLM, sharded or not) -> our checkpoint, streamed: each stored tensor is read,
+    transformed and written (`configs.checkpoint.Writer`) in slabs of whole chunks before the next is read, so
+    host memory holds about one stored tensor (a tensor never spans shards: at most the largest shard) whatever
+    the model's size. Returns the checkpoint's path."""
     from tqdm.auto import tqdm
 
     from sage_jax.io import store
@@ -143,17 +166,27 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
         raise ValueError(f"{src} is not an HF model directory (expected config.json and model.safetensors)")
     arch, cfg = architectures.of_hf_dir(src)
     cfg = with_dtype(arch, cfg, dtype)
-    leaves = streamed_leaves(arch, cfg, src)
-    if progress:
-        n = len(arch.plan(cfg, list(hf.tensor_index(src))))
-        leaves = tqdm(leaves, total=n, desc=f"converting {os.path.basename(src)}", unit="param", leave=False)
     provenance = {"source": src, "source_format": "hf"}
     if arch.is_vlm:
         config, kind = {"architecture": arch.name, "model": cfg.to_json()}, VLM_KIND
     else:
         config, kind = cfg, store.KIND
-    path = checkpoint.save_streamed(out, leaves, config=config, kind=kind, provenance=provenance,
-                                    overwrite=overwrite)
+    params = _parameters(arch, cfg, src)
+    if progress:
+        n = len(arch.plan(cfg, list(hf.tensor_index(src))))
+        params = tqdm(params, total=n, desc=f"converting {os.path.basename(src)}", unit="param", leave=False)
+    with checkpoint.Writer(out, overwrite=overwrite) as writer:
+        for name, shape, dtype, layers in params:
+            dst, chunk = None, None
+            for i, w in layers:
+                if dst is None:
+                    stacked = i is not None
+                    dst = writer.create(name, shape, dtype, stacked=stacked)
+                    chunk = checkpoint.Writer.chunk_shape(shape, dtype.itemsize, stacked)
+                at = () if i is None else (i,)
+                _write(dst, at, w, dtype, chunk[len(at):])
+                del w
+        path = writer.commit(config=config, kind=kind, provenance=provenance)
     tok = hf.read_tokenizer(src)
     if tok is not None:
         tok.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))

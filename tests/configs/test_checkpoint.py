@@ -97,15 +97,20 @@ def test_not_a_checkpoint(tmp_path):
         checkpoint.read_metadata(tmp_path)
 
 
-def test_streamed_save_is_the_same_checkpoint(tmp_path, devices):
-    """`save_streamed` (one leaf at a time, sharded arrays included) restores like `save`, writes the same
-    metadata, and leaves nothing behind when the stream fails halfway."""
+def test_writer_writes_the_same_checkpoint(tmp_path, devices):
+    """`Writer` (array by array, slice by slice) writes a checkpoint that restores like `save`'s (onto the mesh,
+    through plain Orbax), with the same metadata, and leaves nothing behind when it fails halfway."""
     mesh = sharding.make_mesh(data=4, model=2)
     params = _params(mesh)
-    leaves = [("embed", params["embed"]), ("layer/bias", params["layer"]["bias"]),
-              ("layer/kernel", params["layer"]["kernel"])]
     a = checkpoint.save(tmp_path / "a", params, config=Cfg(), kind="test")
-    b = checkpoint.save_streamed(tmp_path / "b", iter(leaves), config=Cfg(), kind="test")
+    with checkpoint.Writer(tmp_path / "b") as w:
+        w.put("embed", params["embed"])
+        kernel = np.asarray(params["layer"]["kernel"])
+        dst = w.create("layer/kernel", kernel.shape, kernel.dtype, stacked=True)
+        for i in range(kernel.shape[0]):  # row by row, as a converter writes the layers of a stacked parameter
+            dst[i] = kernel[i]
+        w.put("layer/bias", params["layer"]["bias"])
+        b = w.commit(config=Cfg(), kind="test")
     meta_a, meta_b = checkpoint.read_metadata(a), checkpoint.read_metadata(b)
     assert {k: meta_a[k] for k in ("params", "config", "kind")} == {k: meta_b[k] for k in ("params", "config", "kind")}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
@@ -113,12 +118,8 @@ def test_streamed_save_is_the_same_checkpoint(tmp_path, devices):
     assert got["layer"]["kernel"].sharding == params["layer"]["kernel"].sharding
     jax.tree.map(np.testing.assert_array_equal, got, params)
     with pytest.raises(checkpoint.CheckpointError, match="already holds"):
-        checkpoint.save_streamed(b, iter(leaves))
-
-    def failing():
-        yield leaves[0]
+        checkpoint.Writer(b)
+    with pytest.raises(RuntimeError, match="truncated"), checkpoint.Writer(tmp_path / "c") as w:
+        w.put("embed", params["embed"])
         raise RuntimeError("tensor file truncated")
-
-    with pytest.raises(RuntimeError, match="truncated"):
-        checkpoint.save_streamed(tmp_path / "c", failing())
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]

@@ -192,9 +192,9 @@ def _qwen_sized(vocab, width, layers, mlp, sections):
 
 def test_conversion_streams_one_parameter_at_a_time(tmp_path):
     """A 181 MB checkpoint in 37 MB shards converts with a peak host memory (over the process's memory before
-    the conversion) of about 3x its largest shard (measured +117 MB on this CPU: the device buffer of one
-    parameter, one stored tensor and Orbax's staging of the write), far from the checkpoint's size: the model
-    is never in memory whole. (Reading everything first would peak above 2x the checkpoint.)"""
+    the conversion) under 2x its largest shard: a stored tensor is read, transformed and written chunk by chunk
+    before the next is read, and the model is never in memory whole (reading it first would need the checkpoint's
+    size at least)."""
     big, small = tmp_path / "big", tmp_path / "small"
     _qwen_sized(16384, 512, 8, 2048, [8, 12, 12]).save_pretrained(big, max_shard_size="40MB")
     _qwen_sized(256, 64, 1, 128, [2, 1, 1]).save_pretrained(small)
@@ -242,7 +242,7 @@ def test_conversion_streams_one_parameter_at_a_time(tmp_path):
     grown = m["peak"] - m["base"]
     print(f"conversion of {total / 2**20:.0f} MB in {len(shards)} shards (largest {largest / 2**20:.0f} MB): "
           f"peak host memory +{grown / 2**20:.0f} MB")
-    assert grown < 4 * largest and grown < 0.75 * total, (grown, largest, total)
+    assert grown < 2 * largest, (grown, largest, total)
     ours = sage_jax.load(tmp_path / "big_out")
     ids = np.array([[5, 6, 7, 8]])
     assert np.isfinite(np.asarray(ours(input_ids=ids))).all()
