@@ -1,8 +1,9 @@
 """`python -m sage_jax.generate`: answer one chat prompt with a target LM and a draft, then print statistics.
 
     python -m sage_jax.generate [--target SPEC] [--draft SPEC | --draft-layers N] [--prompt TEXT]
-        [--policy {ar,chain,static,eagle2,sage}] [--budget auto|static|NODES,DEPTH] [--max-new-tokens N]
-        [--temperature T] [--top-k K] [--top-p P] [--seed S] [--compare] [--json]
+        [--image PATH ...] [--video PATH ...] [--policy {ar,chain,static,eagle2,sage}]
+        [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
+        [--seed S] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`); other targets default
@@ -10,6 +11,9 @@ to a self-draft of their first third of layers. `--budget auto` (the default) si
 measured costs and the draft's acceptance, and decodes plainly where no tree is predicted to pay (as on a 2-core
 CPU): the default is never slower than plain decoding. `--json` prints exactly one JSON object on stdout
 (design.md). Bad input: one line `error: ...` on stderr and exit code 2.
+
+A vision-language target (Qwen2.5-VL, LLaVA-OneVision) takes `--image` / `--video` (an animated GIF / WebP, a
+directory of frames or a .npy array [F, H, W, 3]) and, until SAGE decodes VLMs, is decoded plainly (greedy).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: the shipped head for the default target, else a self-draft)")
     arg("--draft-layers", type=int, metavar="N", help="self-draft: run the target's first N layers as the draft")
     arg("--prompt", metavar="TEXT", default=DEFAULT_PROMPT, help="user message (chat-templated when possible)")
+    arg("--image", metavar="PATH", action="append", default=[], help="an image for a vision-language target "
+        "(repeatable)")
+    arg("--video", metavar="PATH", action="append", default=[], help="video frames for a vision-language target: "
+        "an animated GIF / WebP, a directory of frames or a .npy array [F, H, W, 3] (repeatable)")
     arg("--policy", choices=("ar", *POLICIES), default="sage")
     arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; plain decoding when "
         "no tree pays), static (the policy's full tree) or NODES,DEPTH")
@@ -70,13 +78,68 @@ def check_args(args: argparse.Namespace) -> None:
     for spec in filter(None, (args.target, args.draft)):
         if not os.path.exists(spec):
             raise cli.BadInput(f"no such file or directory: {spec}")
+    from sage_jax.io import images
+
+    with cli.reported(OSError, ValueError):  # read now: a bad file fails before any model loads
+        args.images = [images.load_image(p) for p in args.image]
+        args.videos = [images.load_frames(p) for p in args.video]
+
+
+def run_vision(args: argparse.Namespace) -> dict:
+    """Plain greedy decoding of a vision-language target (SAGE for VLMs is not built yet); the `--json` object."""
+    import time
+
+    import jax
+
+    from sage_jax.engine import Stats
+    from sage_jax.io.loader import load
+
+    if args.temperature > 0 or args.compare:
+        raise cli.BadInput("vision-language targets decode greedily and plainly for now: drop "
+                           f"{'--compare' if args.compare else '--temperature'}")
+    with cli.reported(OSError, ValueError):
+        model = load(args.target)
+        inputs = model.inputs(args.prompt, images=args.images, videos=args.videos)
+    if args.policy != "ar":
+        print(f"policy {args.policy}: speculative decoding of vision-language targets is not built yet; decoding "
+              f"plainly", file=sys.stderr)
+    compile_s = []
+
+    def on_event(event: str, seconds: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compile_s.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        t0 = time.perf_counter()
+        tokens = model.generate(max_new_tokens=args.max_new_tokens, **inputs)[0].tolist()
+        seconds = time.perf_counter() - t0
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    eos = set(model.config.text.eos_token_ids)
+    kept = next((tokens[: i + 1] for i, t in enumerate(tokens) if t in eos), tokens)
+    n, decode_s = len(tokens), max(seconds - sum(compile_s), 1e-9)
+    stats = Stats(new_tokens=len(kept), steps=n, target_forwards=n, draft_forwards=0, mean_accepted=0.0,
+                  mean_tokens_per_step=1.0, tokens_per_second=n / decode_s, prefill_seconds=0.0,
+                  decode_seconds=decode_s, compile_seconds=sum(compile_s), compiles=len(compile_s), alpha_trace=[],
+                  budget=(0, 0))
+    text = model.tokenizer.decode(kept, skip_special_tokens=True)
+    return {"text": text, "token_ids": kept, "policy": "ar", "stats": stats.to_json()}
 
 
 def run(args: argparse.Namespace) -> dict:
     """Loads, generates per `args`; the result is the `--json` object."""
     from sage_jax.decoding.sampling import SamplingConfig
     from sage_jax.engine import load_engine
+    from sage_jax.io.loader import is_vision_lm
 
+    with cli.reported(OSError, ValueError):
+        vision = args.target is not None and is_vision_lm(args.target)
+    if vision:
+        return run_vision(args)
+    if args.images or args.videos:
+        raise cli.BadInput(f"--image / --video need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
+                           f"{args.target or 'the default target'} is a text LM")
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p))

@@ -182,6 +182,14 @@ def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
     return CausalLM(module, tok, source=os.fspath(spec))
 
 
+def is_vision_lm(spec: str | os.PathLike) -> bool:
+    """Whether `spec` (a path `load` reads) is a vision-language model; errors as `detect` and `load`."""
+    kind = detect(spec)
+    if kind == "hf":
+        return architectures.of_hf_config(architectures.read_hf_config(spec)).is_vlm
+    return kind == "vlm"
+
+
 def _vision_lm(module, spec, tokenizer, processor_dir):
     from sage_jax.models.vision_lm import VisionLM
 

@@ -122,7 +122,10 @@ def other_vocab(tmp_path_factory):
 BAD = {
     "missing_target": (["--target", "/nonexistent/model.gguf"], "no such file"),
     "missing_draft": (["--target", "{tiny}", "--draft", "/nonexistent/draft"], "no such file"),
-    "image_not_yet": (["--image", "cat.png"], "unrecognized arguments: --image"),  # hidden until VLMs land
+    "image_missing": (["--image", "/nonexistent/cat.png"], "no such image file"),
+    "image_unreadable": (["--image", "{tiny}/config.json"], "not an image file"),
+    "video_unreadable": (["--video", "{tiny}/config.json"], "not a video"),
+    "image_text_target": (["--target", "{tiny}", "--image", "{png}"], "need a vision-language target"),
     "draft_vocab": (["--target", "{tiny}", "--draft", "{other}"], "vocabulary"),
     "draft_layers": (["--target", "{tiny}", "--draft-layers", "5"], "layers"),
     "draft_and_layers": (["--target", "{tiny}", "--draft", "{other}", "--draft-layers", "1"], "not both"),
@@ -142,7 +145,12 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env):
     args, needle = BAD[case]
-    args = [a.format(tiny=tiny_target, other=other_vocab) for a in args]
+    png = os.path.join(os.path.dirname(tiny_target), "cat.png")
+    if not os.path.exists(png):
+        from PIL import Image
+
+        Image.new("RGB", (32, 24), (200, 30, 30)).save(png)
+    args = [a.format(tiny=tiny_target, other=other_vocab, png=png) for a in args]
     proc = _cli(cli_env, *args, "--json", timeout=120)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr

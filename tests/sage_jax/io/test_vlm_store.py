@@ -262,3 +262,40 @@ def test_readme_vlm_example_runs(hf_vlm, tmp_path, rel_err, monkeypatch):
     np.testing.assert_array_equal(scope["inputs"]["input_ids"], scope["ids"]["input_ids"])
     assert rel_err(np.asarray(scope["logits"]), _reference_logits(ref, scope["inputs"])) <= 1e-4
     assert scope["tokens"].shape == (1, 32)
+
+
+def _generate_cli(*args):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one host device, as a user has
+    return subprocess.run([sys.executable, "-m", "sage_jax.generate", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_generate_cli_decodes_a_vlm_and_refuses_bad_images(hf_vlm, tmp_path):
+    """`python -m sage_jax.generate --target VLM --image ...`: greedy tokens equal to the model's own `generate`,
+    one JSON object; an image the processor refuses and an unsupported architecture give exit 2 and one line."""
+    family, path, _ = hf_vlm
+    _image(56, 84, 1).save(tmp_path / "a.png")
+    proc = _generate_cli("--target", path, "--image", str(tmp_path / "a.png"), "--prompt", "Describe.",
+                         "--max-new-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    model = sage_jax.load(path)
+    want = model.generate(max_new_tokens=8, **model.inputs("Describe.", images=[tmp_path / "a.png"]))[0].tolist()
+    eos = set(model.config.text.eos_token_ids)
+    want = next((want[: i + 1] for i, t in enumerate(want) if t in eos), want)
+    assert out["token_ids"] == want and out["policy"] == "ar" and out["stats"]["new_tokens"] == len(want)
+    assert "decoding plainly" in proc.stderr  # the default policy is sage: said, not hidden
+    bad = []
+    if family == "qwen":
+        _image(1, 300).save(tmp_path / "wide.png")
+        bad.append((["--target", path, "--image", str(tmp_path / "wide.png")], "cannot take"))
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (gpt2 / "model.safetensors").write_bytes(b"")
+    bad.append((["--target", str(gpt2), "--image", str(tmp_path / "a.png")], "unsupported architecture"))
+    for args, needle in bad:
+        proc = _generate_cli(*args, "--json")
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
