@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
@@ -130,6 +131,15 @@ def test_load_and_convert_give_the_reference_logits(hf_vlm, tmp_path, rel_err, c
     np.testing.assert_array_equal(np.asarray(converted(**again)), ours)
     assert convert.main([path, str(out)]) == 2  # never overwritten without --force
     assert "exists" in capsys.readouterr().err
+    # Streamed onto a tensor-parallel mesh (from the HF directory) and restored onto it (from our checkpoint).
+    from configs import sharding
+
+    mesh = sharding.make_mesh(data=1, model=2, devices=jax.devices()[:2])
+    for spec in (path, out):
+        placed = sage_jax.load(spec, mesh=mesh)
+        wq = placed.module.lm.blocks.wq[...]
+        assert wq.sharding.spec == jax.P(None, None, "model", None), wq.sharding
+        assert rel_err(np.asarray(placed(**inputs)), ours) <= 1e-5
 
 
 def test_bad_inputs_give_one_line_errors(hf_vlm, tmp_path, capsys):
