@@ -32,6 +32,13 @@ def test_presets_have_the_published_sizes_and_fit_their_chips():
             paper_targets.memory_per_chip(dataclasses.replace(solo, tp=1))["weights_gib"] / p.tp)
 
 
+def test_readme_shows_this_table():
+    import os
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    assert paper_targets.table() in readme  # regenerate with `python -m configs.sage.paper_targets`
+
+
 def test_a_72b_layer_lowers_for_a_tpu_slice():
     from sage_jax.models import layers
     from sage_jax.models.lm import serving_params
