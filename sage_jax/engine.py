@@ -21,8 +21,8 @@ import numpy as np
 from sage_jax import chat
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
+from sage_jax.decoding import media_batch, visual_pruning, widths
 from sage_jax.decoding import speculative as spec
-from sage_jax.decoding import widths
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
@@ -30,10 +30,11 @@ from sage_jax.io import loader, store
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.eagle_head import EagleWeights
+from sage_jax.models.vision_lm import VisionLM
 
 MIN_BUCKET = 16
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict  # a dict: one prompt's processor outputs (`VisionLM.inputs`)
 
 
 def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
@@ -76,6 +77,8 @@ class Stats:
     accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted nodes per priority rank
     budget: tuple[int, int] | None = None  # (node budget, depth cap) the run used; (0, 0): decoded plainly
     row_steps: int = 0  # steps summed over the batch's rows while each was still decoding (τ's denominator)
+    prompt_tokens: int = 0  # the prompts' tokens, summed over the batch (visual tokens included)
+    draft_prompt_tokens: int = 0  # the prompt tokens the draft's prefill saw (fewer with visual-token pruning)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -85,6 +88,17 @@ class Stats:
                 f"(τ+1 {self.mean_tokens_per_step:.2f}) | {self.tokens_per_second:.1f} tok/s decode | "
                 f"target fwd {self.target_forwards}, draft fwd {self.draft_forwards} | "
                 f"prefill {self.prefill_seconds:.2f}s, compile {self.compile_seconds:.1f}s ({self.compiles} compiles)")
+
+
+@dataclasses.dataclass
+class _Batch:
+    """Prompts as `Engine.generate` decodes them: token ids, and for a vision-language target their processor
+    outputs, the visual tokens the draft keeps per row ([B, 2]) and the draft's prompt lengths."""
+
+    ids: list[list[int]]
+    vision: media_batch.VisionPrompts | None = None
+    keep: np.ndarray | None = None
+    draft_lens: list[int] | None = None
 
 
 @dataclasses.dataclass
@@ -99,12 +113,14 @@ class Generation:
 
 
 class Engine:
-    """A target LM (+ a draft) ready to generate with any policy.
+    """A target LM or vision-language model (+ a draft) ready to generate with any policy.
 
     Args:
-      target: the target, a `CausalLM` (from `sage_jax.load`) or an NNX `Decoder`.
-      draft: a separate draft LM with the target's vocabulary (`CausalLM` or `Decoder`), an EAGLE-style head
-        (`EagleWeights`), or None.
+      target: the target, a `CausalLM` (from `sage_jax.load`), an NNX `Decoder`, or a `VisionLM` (Qwen2.5-VL,
+        LLaVA-OneVision): prompts then take images and videos.
+      draft: a separate draft LM with the target's vocabulary (`CausalLM` or `Decoder`; for a vision-language
+        target a smaller `VisionLM` of its family, which sees the images through its own tower), an EAGLE-style
+        head (`EagleWeights`), or None.
       draft_spec: derived from `draft` by default; `DraftSpec(kind="self", n_layers=k)` for a self-draft (the
         default without a draft: a third of the target's layers).
       sampling: static top-k / top-p settings.
@@ -114,14 +130,28 @@ class Engine:
         (`load_engine` reads a draft checkpoint's `acceptance.json`): seeds `budget="auto"` for policies of the
         same sizes.
       description: how the draft is named in reports (default: its kind).
+      prune_ratio: the share of (image, video) tokens the draft does not see (`visual_pruning`; default the
+        paper's (0.8, 0.9); 0 = the draft sees every visual token); one number sets both.
+      prune: how the draft's visual tokens are chosen: "attention" (ranked by the target's prefill attention from
+        the prompt's text) or "uniform".
     """
 
-    def __init__(self, target: CausalLM | Decoder, draft: CausalLM | Decoder | EagleWeights | None = None, *,
+    def __init__(self, target: CausalLM | Decoder | VisionLM,
+                 draft: CausalLM | Decoder | EagleWeights | VisionLM | None = None, *,
                  draft_spec: DraftSpec | None = None, sampling: SamplingConfig | None = None, tokenizer=None,
                  profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
-                 description: str | None = None):
-        if isinstance(target, CausalLM) and tokenizer is None:
+                 description: str | None = None,
+                 prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
+                 prune: visual_pruning.Method = "attention"):
+        if isinstance(target, CausalLM | VisionLM) and tokenizer is None:
             tokenizer = target.tokenizer
+        self.vision = target if isinstance(target, VisionLM) else None
+        self.draft_vision = draft if isinstance(draft, VisionLM) else None
+        media_batch.check_pair(self.vision, draft)
+        if prune not in visual_pruning.METHODS:
+            raise ValueError(f"prune must be one of {visual_pruning.METHODS}, got {prune!r}")
+        self.prune = prune
+        self.prune_ratio = media_batch.ratios(prune_ratio)
         self.target = target
         self._lm_t = target.serving()  # once: the decoding loops never see the NNX modules
         self.cfg = self._lm_t.cfg
@@ -135,7 +165,7 @@ class Engine:
             else:
                 draft_spec = DraftSpec(kind="self", n_layers=self_draft_layers(self.cfg.n_layers))
         self.draft_spec = draft_spec
-        self._lm_d = draft.serving() if isinstance(draft, CausalLM | Decoder) else draft
+        self._lm_d = draft.serving() if isinstance(draft, CausalLM | Decoder | VisionLM) else draft
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
         self.acceptance_prior = dict(acceptance_prior or {})
@@ -143,6 +173,7 @@ class Engine:
             f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
+        self._timers: dict[tuple, tuple] = {}
         self.compile_seconds = 0.0
 
     @property
@@ -169,15 +200,17 @@ class Engine:
             raise ValueError("every prompt needs at least one token")
         return ids
 
-    def check_fits(self, prompt_len: int, max_new_tokens: int, policy: str | TreePolicy = "sage") -> None:
-        """ValueError when a prompt of `prompt_len` tokens plus `max_new_tokens` (bucketed, plus the tree's
-        slack) needs more cache slots than the target's context."""
+    def check_fits(self, prompt_len: int, max_new_tokens: int, policy: str | TreePolicy = "sage",
+                   visual: int = 0) -> None:
+        """ValueError when a prompt of `prompt_len` tokens (`visual` of them visual) plus `max_new_tokens`
+        (bucketed, plus the tree's slack) needs more cache slots than the target's context."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         need = run_config(policy, prompt_len, max_new_tokens).capacity
         if need > self.cfg.max_position:
             name = policy if isinstance(policy, str) else policy.name
-            raise ValueError(f"a prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {need} cache "
+            of = f" ({visual} of them visual tokens of its images and videos)" if visual else ""
+            raise ValueError(f"a prompt of {prompt_len} tokens{of} + {max_new_tokens} new tokens needs {need} cache "
                              f"slots with policy {name}, more than the target's context ({self.cfg.max_position})")
 
     # ------------------------------------------------------------------ budgets
@@ -207,7 +240,9 @@ class Engine:
 
     def generate(self, prompts: Sequence[Prompt], *, policy: str | TreePolicy = "sage", max_new_tokens: int = 128,
                  temperature: float | Sequence[float] = 0.0, seed: int = 0, alpha_init: float | None = None,
-                 budget: tuple[int, int] | str | None = None) -> Generation:
+                 budget: tuple[int, int] | str | None = None, images: Sequence[Sequence] | None = None,
+                 videos: Sequence[Sequence] | None = None,
+                 prune_ratio: float | tuple[float, float] | None = None) -> Generation:
         """Generates for a batch of prompts (strings, chat-templated with the tokenizer, or token ids; left-padded
         internally).
 
@@ -218,33 +253,56 @@ class Engine:
         chosen by `chooser(policy)` from the measured cost profile and the acceptance statistics of earlier calls,
         which this call then extends (plain autoregressive decoding, reported as budget (0, 0) under the requested
         policy's name, when no tree is predicted to pay).
+
+        A vision-language target also takes `images` / `videos` (one sequence per prompt: PIL images or paths;
+        frame arrays [F, H, W, 3] or paths) or prompts given as processor outputs (`VisionLM.inputs`);
+        `prune_ratio` overrides the engine's for this call. The target sees every visual token, the draft the
+        kept ones; any number and size of images reuses the compilation while the prompt lengths (the target's,
+        and the draft's after pruning) stay in their buckets.
         """
-        ids = [self.encode(p) for p in prompts]
-        if not ids:
+        if not prompts:
             raise ValueError("no prompts")
+        if self.vision is None:
+            if images is not None and any(len(i) for i in images) or videos is not None and any(
+                    len(v) for v in videos) or any(isinstance(p, dict) for p in prompts):
+                raise ValueError("images and videos need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
+                                 "this engine's target is a text LM")
+            batch = _Batch(ids=[self.encode(p) for p in prompts])
+        else:
+            vis = media_batch.prepare(self.vision, prompts, images, videos)
+            ratios = self.prune_ratio if prune_ratio is None else media_batch.ratios(prune_ratio)
+            keep, lens = media_batch.draft_lengths(vis, ratios)
+            batch = _Batch(ids=vis.ids, vision=vis, keep=keep, draft_lens=lens)
         if budget == "auto":
-            return self._generate_auto(ids, policy, max_new_tokens, temperature, seed, alpha_init)
+            return self._generate_auto(batch, policy, max_new_tokens, temperature, seed, alpha_init)
         if isinstance(budget, str):
             raise ValueError(f"budget must be (nodes, depth), None or 'auto', got {budget!r}")
-        self.check_fits(max(len(p) for p in ids), max_new_tokens, policy)
+        return self._generate(batch, policy, max_new_tokens, temperature, seed, alpha_init, budget)
+
+    def _generate(self, batch: _Batch, policy, max_new_tokens, temperature, seed, alpha_init, budget) -> Generation:
+        ids = batch.ids
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+        visual = 0 if batch.vision is None else int(batch.vision.n_visual[longest].sum())
+        self.check_fits(len(ids[longest]), max_new_tokens, policy, visual)
         temps = np.broadcast_to(np.asarray(temperature, np.float32), (len(ids),)).copy()
         if np.any(temps < 0) or not np.all(np.isfinite(temps)):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-        cfg = run_config(policy, max(len(p) for p in ids), max_new_tokens, sampling=self.sampling,
-                         eos_ids=tuple(self.cfg.eos_token_ids), pad_id=self.cfg.pad_token_id)
-        tokens, pad = self._left_padded(ids, cfg.prompt_len, self.cfg.pad_token_id)
+        cfg, tokens, pad, media = self._inputs(batch, policy, max_new_tokens)
         head = (tokens, pad, temps, np.full((len(ids),), max_new_tokens, np.int32), jax.random.key(seed))
+        has_media = media is not None
         if policy == "ar":
-            state, times = self._run(("ar", cfg, len(ids)), functools.partial(ar.ar_prefill, cfg),
-                                     functools.partial(ar.ar_decode, cfg), (self._lm_t,), head, temps)
-            return self._result(state, "ar", times, draft_forwards=0)
+            state, times = self._run(("ar", cfg, len(ids), has_media), functools.partial(ar.ar_prefill, cfg),
+                                     functools.partial(ar.ar_decode, cfg), (self._lm_t,), (*head, media), temps)
+            gen = self._result(state, "ar", times, draft_forwards=0)
+            gen.stats.prompt_tokens = sum(map(len, ids))
+            return gen
         pol = cfg.policy
         n_b, d_b = (pol.n_max, pol.d_cap) if budget is None else budget
         if not (1 <= n_b <= pol.n_max and 1 <= d_b <= pol.d_cap):
             raise ValueError(f"budget {budget} outside [1, {pol.n_max}] x [1, {pol.d_cap}]")
         b = len(ids)
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
-        args = (*head, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32))
+        args = (*head, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32), media)
         spec_d = self.draft_spec
 
         def prefill(lm_t, lm_d, *a):
@@ -253,28 +311,93 @@ class Engine:
         def decode(lm_t, lm_d, state, t):
             return spec.spec_decode(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), state, t)
 
-        state, times = self._run(("spec", cfg, spec_d, b), prefill, decode, (self._lm_t, self._lm_d), args, temps)
+        state, times = self._run(("spec", cfg, spec_d, b, has_media), prefill, decode, (self._lm_t, self._lm_d),
+                                 args, temps)
         gen = self._result(state, pol.name, times, draft_forwards=int(state.draft_forwards))
         st = gen.stats
+        st.prompt_tokens = sum(map(len, ids))
         st.draft_width, st.verify_width = int(state.draft_width), int(state.verify_width)
         st.accepted_at = np.asarray(state.accepted_at).tolist()
         st.width_trace = np.asarray(state.width_trace)[: st.steps].tolist()
         st.budget = (int(n_b), int(d_b))
+        st.draft_prompt_tokens = sum(batch.draft_lens) if cfg.draft_prompt_len else st.prompt_tokens
         return gen
 
-    def _generate_auto(self, ids, policy, max_new_tokens, temperature, seed, alpha_init) -> Generation:
+    def _inputs(self, batch: _Batch, policy, max_new_tokens: int):
+        """The static config of a batch (prompt buckets, for a pruned draft its own), the left-padded tokens and
+        padding, and the batch's `Media` (None for text)."""
+        ids = batch.ids
+        cfg = run_config(policy, max(len(p) for p in ids), max_new_tokens, sampling=self.sampling,
+                         eos_ids=tuple(self.cfg.eos_token_ids), pad_id=self.cfg.pad_token_id)
+        tokens, pad = self._left_padded(ids, cfg.prompt_len, self.cfg.pad_token_id)
+        if batch.vision is None:
+            return cfg, tokens, pad, None
+        media = media_batch.media(self.vision, self.draft_vision, batch.vision, cfg.prompt_len,
+                                  self.cfg.pad_token_id, batch.keep)
+        if policy != "ar" and any(n < len(i) for n, i in zip(batch.draft_lens, ids, strict=True)):
+            cfg = dataclasses.replace(cfg, draft_prompt_len=bucket(max(batch.draft_lens)), prune=self.prune)
+        return cfg, tokens, pad, media
+
+    def time_prefill(self, prompts: Sequence[Prompt], *, images=None, videos=None,
+                     prune_ratio: float | tuple[float, float] | None = None, policy: str | TreePolicy = "sage",
+                     max_new_tokens: int = 128, repeats: int = 3) -> dict[str, float]:
+        """Seconds of a vision-language batch's two prefills, each compiled on its own and timed apart (median of
+        `repeats`, compilation excluded): the target's over every visual token (with the attention ranking), and
+        the draft's over the tokens it keeps; with XLA's count of each compiled prefill's floating-point operations
+        (a noise-free measure of the same saving). What the bench reports per pruning ratio."""
+        if self.vision is None:
+            raise ValueError("time_prefill measures vision-language prompts; this engine's target is a text LM")
+        vis = media_batch.prepare(self.vision, prompts, images, videos)
+        ratios = self.prune_ratio if prune_ratio is None else media_batch.ratios(prune_ratio)
+        keep, lens = media_batch.draft_lengths(vis, ratios)
+        cfg, tokens, pad, media = self._inputs(_Batch(ids=vis.ids, vision=vis, keep=keep, draft_lens=lens), policy,
+                                               max_new_tokens)
+        spec_d, b = self.draft_spec, len(vis.ids)
+
+        def target(lm_t, tokens, pad, media):
+            return spec.target_prefill_media(cfg, lm_t, tokens, pad, media, lm_t.init_cache(b, cfg.capacity))
+
+        def draft(lm_t, lm_d, tokens, pad, media, hidden, keep):
+            drafter = build_drafter(spec_d, lm_t, lm_d)
+            return spec.draft_prefill_media(cfg, drafter, tokens, pad, media, hidden, keep,
+                                            drafter.init_cache(b, cfg.draft_capacity))
+
+        key = ("time_prefill", cfg, spec_d, b)
+        if key not in self._timers:
+            t_fn = jax.jit(target).lower(self._lm_t, tokens, pad, media).compile()
+            hidden, _, kept = t_fn(self._lm_t, tokens, pad, media)
+            d_fn = jax.jit(draft).lower(self._lm_t, self._lm_d, tokens, pad, media, hidden, kept).compile()
+            self._timers[key] = (t_fn, d_fn, _flops(t_fn), _flops(d_fn))
+        t_fn, d_fn, t_flops, d_flops = self._timers[key]
+        hidden, _, kept = jax.block_until_ready(t_fn(self._lm_t, tokens, pad, media))
+
+        def median(fn, *a):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(*a))
+                times.append(time.perf_counter() - t0)
+            return float(np.median(times))
+
+        return {"target_prefill_seconds": median(t_fn, self._lm_t, tokens, pad, media),
+                "draft_prefill_seconds": median(d_fn, self._lm_t, self._lm_d, tokens, pad, media, hidden, kept),
+                "target_prefill_flops": t_flops, "draft_prefill_flops": d_flops,
+                "prompt_tokens": sum(map(len, vis.ids)),
+                "draft_prompt_tokens": sum(lens) if cfg.draft_prompt_len else sum(map(len, vis.ids))}
+
+    def _generate_auto(self, batch: _Batch, policy, max_new_tokens, temperature, seed, alpha_init) -> Generation:
         """`generate(budget="auto")`: the chooser's budget, or plain decoding when no tree is predicted to pay."""
-        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, alpha_init=alpha_init)
         if policy == "ar":
-            return self.generate(ids, policy="ar", **kw)
-        ch = self.chooser(policy, max(len(p) for p in ids), max_new_tokens)
+            return self._generate(batch, "ar", budget=None, **kw)
+        ch = self.chooser(policy, max(len(p) for p in batch.ids), max_new_tokens)
         choice = ch.choose()
         if choice is None:
-            gen = self.generate(ids, policy="ar", **kw)
+            gen = self._generate(batch, "ar", budget=None, **kw)
             gen.policy = policy if isinstance(policy, str) else policy.name
             gen.stats.budget = (0, 0)
             return gen
-        gen = self.generate(ids, policy=policy, alpha_init=alpha_init, budget=choice, **kw)
+        gen = self._generate(batch, policy, budget=choice, **kw)
         ch.update(gen.stats)
         return gen
 
@@ -334,6 +457,13 @@ class Engine:
         return Generation(token_ids=ids, policy=name, stats=stats, text=text)
 
 
+def _flops(compiled) -> float:
+    """XLA's floating-point operation count of a compiled function (0 where the backend gives none)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float((cost or {}).get("flops", 0.0))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Loading an engine from paths.
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,46 +474,51 @@ def self_draft_layers(n_layers: int) -> int:
     return max(1, n_layers // 3)
 
 
-def load_engine(target: str | os.PathLike | CausalLM | None = None, draft: str | os.PathLike | CausalLM | None = None,
-                draft_layers: int | None = None, *, sampling: SamplingConfig | None = None, dtype: str | None = None,
-                mesh=None) -> Engine:
+def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
+                draft: str | os.PathLike | CausalLM | VisionLM | None = None, draft_layers: int | None = None, *,
+                sampling: SamplingConfig | None = None, dtype: str | None = None, mesh=None,
+                prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
+                prune: visual_pruning.Method = "attention") -> Engine:
     """An `Engine` from paths, with the shipped defaults.
 
-    `target`: a GGUF file, an HF directory, our LM checkpoint or a loaded `CausalLM` (default: the shipped
-    SmolLM2-135M-Instruct). `draft`: an LM with the target's vocabulary (the same kinds), or an EAGLE-style head
-    checkpoint (default: for the default target its shipped head; otherwise a self-draft). `draft_layers`: a
-    self-draft of the target's first N layers instead (default without a draft: a third of them). `dtype`, `mesh`:
-    as `sage_jax.load`. Bad paths and models that do not fit each other raise FileNotFoundError or ValueError
-    with a one-line message.
+    `target`: a GGUF file, an HF directory, our LM or VLM checkpoint, or a loaded `CausalLM` / `VisionLM`
+    (default: the shipped SmolLM2-135M-Instruct). `draft`: an LM with the target's vocabulary (the same kinds; for
+    a vision-language target a smaller VLM of its family), or an EAGLE-style head checkpoint (default: for the
+    default target its shipped head; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N
+    layers instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
+    `prune_ratio`, `prune`: the draft's visual-token pruning (`Engine`). Bad paths and models that do not fit each
+    other raise FileNotFoundError or ValueError with a one-line message.
     """
     if draft is not None and draft_layers is not None:
         raise ValueError("give either a draft or draft_layers, not both")
     if draft_layers is not None and draft_layers < 1:
         raise ValueError(f"draft_layers must be >= 1, got {draft_layers}")
     shipped = target is None and draft is None and draft_layers is None
-    if isinstance(target, CausalLM):
+    if isinstance(target, CausalLM | VisionLM):
         lm_t = target
     else:
         lm_t = loader.load(target if target is not None else loader.default_target(), dtype=dtype, mesh=mesh)
     if shipped:
         draft = loader.default_draft()
-    n_layers = lm_t.config.n_layers
+    n_layers = lm_t.serving().n_layers
+    vis = dict(prune_ratio=prune_ratio, prune=prune)
     if draft is None:
         n = draft_layers if draft_layers is not None else self_draft_layers(n_layers)
         if n > n_layers:
             raise ValueError(f"a self-draft of {n} layers: the target has only {n_layers}")
-        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling)
-    if isinstance(draft, CausalLM):
-        d, desc = draft, f"LM {draft.source or 'in memory'}"
+        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, **vis)
+    if isinstance(draft, CausalLM | VisionLM):
+        d, desc = draft, f"{'VLM' if isinstance(draft, VisionLM) else 'LM'} {draft.source or 'in memory'}"
     elif store.kind_of(draft) == store.HEAD_KIND:
-        cfg, params, vocab_ids, _ = store.load_head(draft, dtype=lm_t.config.dtype)
         serving = lm_t.serving()
-        d = EagleWeights.build(cfg, params, vocab_ids, lm_t.config, serving.embed, serving.lm_head)
+        cfg, params, vocab_ids, _ = store.load_head(draft, dtype=serving.cfg.dtype)
+        d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head)
         desc = "shipped EAGLE head (smollm2_eagle)" if shipped else f"EAGLE head {os.fspath(draft)}"
     else:
-        d, desc = loader.load(draft, dtype=dtype, mesh=mesh), f"LM {os.fspath(draft)}"
-        if d.config.vocab_size != lm_t.config.vocab_size:
-            raise ValueError(f"the draft's vocabulary ({d.config.vocab_size}) is not the target's "
-                             f"({lm_t.config.vocab_size})")
-    prior = {} if isinstance(draft, CausalLM) else store.read_acceptance(draft).get("policies", {})
-    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc)
+        d = loader.load(draft, dtype=dtype, mesh=mesh)
+        desc = f"{'VLM' if isinstance(d, VisionLM) else 'LM'} {os.fspath(draft)}"
+        v_d, v_t = d.serving().cfg.vocab_size, lm_t.serving().cfg.vocab_size
+        if v_d != v_t:
+            raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")
+    prior = {} if isinstance(draft, CausalLM | VisionLM) else store.read_acceptance(draft).get("policies", {})
+    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, **vis)

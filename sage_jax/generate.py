@@ -1,7 +1,8 @@
 """`python -m sage_jax.generate`: answer one chat prompt with a target LM and a draft, then print statistics.
 
     python -m sage_jax.generate [--target SPEC] [--draft SPEC | --draft-layers N] [--prompt TEXT]
-        [--image PATH ...] [--video PATH ...] [--policy {ar,chain,static,eagle2,sage}]
+        [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
+        [--policy {ar,chain,static,eagle2,sage}]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
         [--seed S] [--compare] [--json]
 
@@ -12,8 +13,12 @@ measured costs and the draft's acceptance, and decodes plainly where no tree is 
 CPU): the default is never slower than plain decoding. `--json` prints exactly one JSON object on stdout
 (design.md). Bad input: one line `error: ...` on stderr and exit code 2.
 
-A vision-language target (Qwen2.5-VL, LLaVA-OneVision) takes `--image` / `--video` (an animated GIF / WebP, a
-directory of frames or a .npy array [F, H, W, 3]) and, until SAGE decodes VLMs, is decoded plainly (greedy).
+A vision-language target (Qwen2.5-VL, LLaVA-OneVision: an HF directory or our converted checkpoint) takes
+`--image` / `--video` (an animated GIF / WebP, a directory of frames or a .npy array [F, H, W, 3]); its draft is a
+smaller VLM of its family (`--draft`), an EAGLE-style head or a self-draft. The target sees every visual token, the
+draft a pruned set: `--prune-ratio R` (or `R_IMAGE,R_VIDEO`; default 0.8,0.9 as in the paper, 0 = off) of the
+visual tokens are dropped from the draft's prompt, ranked by the target's prefill attention (`--prune uniform`:
+evenly spaced).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import contextlib
 import json
 import os
 import sys
+
+import numpy as np
 
 from configs import cli
 from sage_jax.decoding.policies import POLICIES, TreePolicy
@@ -42,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(repeatable)")
     arg("--video", metavar="PATH", action="append", default=[], help="video frames for a vision-language target: "
         "an animated GIF / WebP, a directory of frames or a .npy array [F, H, W, 3] (repeatable)")
+    arg("--prune-ratio", metavar="R", help="share of the visual tokens the draft does not see: one ratio, or image "
+        "and video ratios as R_IMAGE,R_VIDEO (default 0.8,0.9; 0 = the draft sees them all)")
+    arg("--prune", choices=("attention", "uniform"), default="attention", help="which visual tokens the draft keeps: "
+        "those the target's prefill attends to most, or evenly spaced ones")
     arg("--policy", choices=("ar", *POLICIES), default="sage")
     arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; plain decoding when "
         "no tree pays), static (the policy's full tree) or NODES,DEPTH")
@@ -78,6 +89,7 @@ def check_args(args: argparse.Namespace) -> None:
     for spec in filter(None, (args.target, args.draft)):
         if not os.path.exists(spec):
             raise cli.BadInput(f"no such file or directory: {spec}")
+    args.prune_ratio = _prune_ratio(args.prune_ratio)
     from sage_jax.io import images
 
     with cli.reported(OSError, ValueError):  # read now: a bad file fails before any model loads
@@ -85,46 +97,18 @@ def check_args(args: argparse.Namespace) -> None:
         args.videos = [images.load_frames(p) for p in args.video]
 
 
-def run_vision(args: argparse.Namespace) -> dict:
-    """Plain greedy decoding of a vision-language target (SAGE for VLMs is not built yet); the `--json` object."""
-    import time
+def _prune_ratio(text: str | None) -> tuple[float, float]:
+    from sage_jax.decoding.visual_pruning import DEFAULT_RATIOS
 
-    import jax
-
-    from sage_jax.engine import Stats
-    from sage_jax.io.loader import load
-
-    if args.temperature > 0 or args.compare:
-        raise cli.BadInput("vision-language targets decode greedily and plainly for now: drop "
-                           f"{'--compare' if args.compare else '--temperature'}")
-    with cli.reported(OSError, ValueError):
-        model = load(args.target)
-        inputs = model.inputs(args.prompt, images=args.images, videos=args.videos)
-    if args.policy != "ar":
-        print(f"policy {args.policy}: speculative decoding of vision-language targets is not built yet; decoding "
-              f"plainly", file=sys.stderr)
-    compile_s = []
-
-    def on_event(event: str, seconds: float, **kw) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compile_s.append(seconds)
-
-    jax.monitoring.register_event_duration_secs_listener(on_event)
+    if text is None:
+        return DEFAULT_RATIOS
     try:
-        t0 = time.perf_counter()
-        tokens = model.generate(max_new_tokens=args.max_new_tokens, **inputs)[0].tolist()
-        seconds = time.perf_counter() - t0
-    finally:
-        jax.monitoring.unregister_event_duration_listener(on_event)
-    eos = set(model.config.text.eos_token_ids)
-    kept = next((tokens[: i + 1] for i, t in enumerate(tokens) if t in eos), tokens)
-    n, decode_s = len(tokens), max(seconds - sum(compile_s), 1e-9)
-    stats = Stats(new_tokens=len(kept), steps=n, target_forwards=n, draft_forwards=0, mean_accepted=0.0,
-                  mean_tokens_per_step=1.0, tokens_per_second=n / decode_s, prefill_seconds=0.0,
-                  decode_seconds=decode_s, compile_seconds=sum(compile_s), compiles=len(compile_s), alpha_trace=[],
-                  budget=(0, 0))
-    text = model.tokenizer.decode(kept, skip_special_tokens=True)
-    return {"text": text, "token_ids": kept, "policy": "ar", "stats": stats.to_json()}
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or not all(0.0 <= x <= 1.0 for x in parts):
+        raise cli.BadInput(f"--prune-ratio must be one ratio in [0, 1] or two as R_IMAGE,R_VIDEO, got {text!r}")
+    return (parts[0], parts[-1])
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -135,19 +119,25 @@ def run(args: argparse.Namespace) -> dict:
 
     with cli.reported(OSError, ValueError):
         vision = args.target is not None and is_vision_lm(args.target)
-    if vision:
-        return run_vision(args)
-    if args.images or args.videos:
+    if not vision and (args.images or args.videos):
         raise cli.BadInput(f"--image / --video need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
                            f"{args.target or 'the default target'} is a text LM")
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
-                             sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p))
+                             sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
+                             prune_ratio=args.prune_ratio, prune=args.prune)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
-        ids = engine.encode(args.prompt)
+        if vision:  # the processor outputs: a video on an image-only model or an image it refuses fails here
+            prompt = engine.vision.inputs(args.prompt, images=args.images, videos=args.videos)
+            ids = [int(t) for t in prompt["input_ids"][0]]
+            kinds = np.isin(ids, [engine.vision.config.image_token_id, engine.vision.config.video_token_id or -1])
+            visual = int(kinds.sum())
+        else:
+            prompt = ids = engine.encode(args.prompt)
+            visual = 0
         for policy in {args.policy, "ar"} if args.compare else {args.policy}:
-            engine.check_fits(len(ids), args.max_new_tokens, policy)
+            engine.check_fits(len(ids), args.max_new_tokens, policy, visual)
         if isinstance(args.budget, tuple) and args.policy != "ar":
             pol = TreePolicy.named(args.policy)
             if args.budget[0] > pol.n_max or args.budget[1] > pol.d_cap:
@@ -155,16 +145,17 @@ def run(args: argparse.Namespace) -> dict:
                                  f"({pol.n_max} nodes, depth {pol.d_cap})")
     print(f"target {args.target or 'SmolLM2-135M-Instruct (shipped)'}, draft {engine.description}", file=sys.stderr)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    print(f"generating with policy {args.policy} ({len(ids)} prompt tokens; the first run compiles"
+    of = f", {visual} of them visual" if visual else ""
+    print(f"generating with policy {args.policy} ({len(ids)} prompt tokens{of}; the first run compiles"
           f"{', and measures this device for --budget auto' if args.budget == 'auto' else ''})", file=sys.stderr)
-    gen = engine.generate([ids], policy=args.policy, budget=args.budget, **kw)
+    gen = engine.generate([prompt], policy=args.policy, budget=args.budget, **kw)
     if gen.stats.budget == (0, 0):
         print(f"--budget auto: no {args.policy} tree is predicted to pay on this device; decoded plainly",
               file=sys.stderr)
     out = {"text": gen.text[0], "token_ids": gen.token_ids[0], "policy": gen.policy, "stats": gen.stats.to_json()}
     if args.compare:
         print("generating with policy ar for --compare", file=sys.stderr)
-        base = engine.generate([ids], policy="ar", **kw)
+        base = engine.generate([prompt], policy="ar", **kw)
         b_tps, tps = base.stats.tokens_per_second, gen.stats.tokens_per_second
         out["compare"] = {"policy": "ar", "token_ids": base.token_ids[0], "tokens_per_second": b_tps,
                           "speedup": tps / b_tps if b_tps > 0 else None,

@@ -4,6 +4,11 @@
                              [--sweep 7,31,64] [--no-hf] [--no-ablations] [--out DIR] [--quick]
 
 Prints a Markdown table; writes DIR/bench.json and DIR/*.png. `--quick`: tiny random target, CI smoke run.
+
+    python -m sage_jax.bench --vlm --target VLM [--draft VLM] [--image PATH ...] [--video PATH ...] [--ratios R,...]
+
+measures a vision-language pair instead: AR vs every tree policy, and the draft visual-token pruning sweep
+(`sage_jax/bench/vlm.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="out/bench", help="folder for bench.json and the plots")
     ap.add_argument("--quick", action="store_true", help="tiny random target, 3 prompts, 32 tokens (CI smoke)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--vlm", action="store_true", help="benchmark a vision-language target (bench/vlm.py)")
+    ap.add_argument("--image", action="append", default=[], help="--vlm: an image to ask about (repeatable; "
+                    "default: scikit-image's sample photos)")
+    ap.add_argument("--video", action="append", default=[], help="--vlm: a video (animated image, frame folder "
+                    "or .npy; repeatable)")
+    ap.add_argument("--ratios", default="", help="--vlm: the pruning ratios to sweep (default: the paper's "
+                    "0,0.3,0.6,0.8,0.9,0.95)")
+    ap.add_argument("--prune", choices=("attention", "uniform"), default="attention",
+                    help="--vlm: how the draft's visual tokens are chosen")
     args = ap.parse_args(argv)
     if args.quick:
         args.max_new_tokens = min(args.max_new_tokens, 32)
@@ -50,6 +64,12 @@ def _main(argv: list[str] | None) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise cli.BadInput(f"cannot create --out {args.out}: {e.strerror}") from None
+    if args.vlm:
+        from sage_jax.bench import vlm
+
+        if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
+            args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
+        return vlm.run(args)
     s = suite.build(args)
     meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
 

@@ -7,6 +7,7 @@ tokens. `length[b]` is the number of cache slots committed so far (including pad
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.struct
 import jax
@@ -16,7 +17,10 @@ from jaxtyping import Array, Bool, Float, Int
 from sage_jax.decoding import sampling
 from sage_jax.decoding.tree import causal_visibility
 from sage_jax.models.kv_cache import KVCache
-from sage_jax.models.lm import LM
+from sage_jax.models.lm import LM, Probe
+
+if TYPE_CHECKING:
+    from sage_jax.decoding.visual_pruning import Media
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,11 +49,17 @@ def prompt_layout(tokens: Int[Array, "B T"], pad: Int[Array, " B"], capacity: in
     return jnp.maximum(slots - pad[:, None], 0), causal_visibility(slots, pad, capacity)
 
 
-def prefill(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], cache: KVCache
-            ) -> tuple[Float[Array, "B T D"], KVCache]:
-    """Runs a left-padded prompt through the model into slots [0, T); returns every slot's hidden state."""
+def prefill(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], cache: KVCache, media: Media | None = None,
+            probe: Probe | None = None):
+    """Runs a left-padded prompt through the model into slots [0, T); returns every slot's hidden state and the
+    cache (and with a `probe`, the probe's attention to every slot: `LM.forward`). With `media`, the model reads
+    its embeddings and positions instead of the tokens'."""
     positions, mask = prompt_layout(tokens, pad, cache.capacity)
-    return model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+    zeros = jnp.zeros(tokens.shape[:1], jnp.int32)
+    if media is None:
+        return model.forward(tokens, positions, mask, cache, zeros, probe=probe)
+    return model.forward(None, media.positions, mask, cache, zeros, embeddings=media.embeddings.astype(
+        jnp.dtype(model.cfg.dtype)), probe=probe)
 
 
 def is_eos(tokens: Int[Array, "..."], eos_ids: tuple[int, ...]) -> Bool[Array, "..."]:
@@ -66,6 +76,8 @@ class ARState:
       out: [B, max_new] generated tokens (pad after the end).  n_gen: [B] tokens generated.  done: [B].
       last: [B] the newest token (not yet in the cache).  length: [B] committed cache slots.  pad: [B].
       cache: the target's KV cache.  key: PRNG key.  steps: decode forwards so far.  max_new: [B] per-row limit.
+      delta: [B] position delta: slot s past the prompt sits at position s - pad + delta (0 for text; a VLM's
+        multimodal positions shift it).
     """
 
     out: Int[Array, "B out"]
@@ -78,19 +90,22 @@ class ARState:
     key: jax.Array
     steps: Int[Array, ""]
     max_new: Int[Array, " B"]
+    delta: Int[Array, " B"]
 
 
-def ar_prefill(cfg: ARConfig, model: LM, tokens, pad, temperature, max_new, key) -> ARState:
+def ar_prefill(cfg: ARConfig, model: LM, tokens, pad, temperature, max_new, key, media: Media | None = None
+               ) -> ARState:
     b = tokens.shape[0]
     cache = model.init_cache(b, cfg.capacity)
-    hidden, cache = prefill(model, tokens, pad, cache)
+    hidden, cache = prefill(model, tokens, pad, cache, media)
     key, sub = jax.random.split(key)
     first = sampling.sample(sub, model.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
     out = jnp.full((b, cfg.max_new_tokens), cfg.pad_id, jnp.int32).at[:, 0].set(first)
     done = is_eos(first, cfg.eos_ids) | (max_new <= 1)
     return ARState(out=out, n_gen=jnp.ones((b,), jnp.int32), done=done, last=first,
                    length=jnp.full((b,), tokens.shape[1], jnp.int32), pad=pad, cache=cache, key=key,
-                   steps=jnp.int32(0), max_new=max_new)
+                   steps=jnp.int32(0), max_new=max_new,
+                   delta=jnp.zeros((b,), jnp.int32) if media is None else media.delta.astype(jnp.int32))
 
 
 def ar_decode(cfg: ARConfig, model: LM, state: ARState, temperature: Float[Array, " B"]) -> ARState:
@@ -101,7 +116,7 @@ def ar_decode(cfg: ARConfig, model: LM, state: ARState, temperature: Float[Array
 
     def body(s: ARState):
         mask = causal_visibility(s.length[:, None], s.pad, s.cache.capacity)
-        hidden, cache = model.forward(s.last[:, None], (s.length - s.pad)[:, None], mask, s.cache, s.length)
+        hidden, cache = model.forward(s.last[:, None], (s.length - s.pad + s.delta)[:, None], mask, s.cache, s.length)
         key, sub = jax.random.split(s.key)
         tok = sampling.sample(sub, model.head(hidden)[:, 0], temperature, cfg.sampling)
         active = ~s.done

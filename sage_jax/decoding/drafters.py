@@ -52,9 +52,11 @@ class Drafter(Protocol):
 
     def init_cache(self, batch: int, capacity: int) -> KVCache: ...
 
-    def prefill(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"], mask: Bool[Array, "B T S"],
-                target_hidden: Float[Array, "B T D"], cache: KVCache) -> KVCache:
-        """Writes the prompt into the draft cache at slots [0, T) (`target_hidden`: the target's features of it)."""
+    def prefill(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
+                mask: Bool[Array, "B T S"], target_hidden: Float[Array, "B T D"], cache: KVCache, *,
+                embeddings: Float[Array, "B T D"] | None = None) -> KVCache:
+        """Writes the prompt into the draft cache at slots [0, T) (`target_hidden`: the target's features of it;
+        `embeddings`: the input embeddings of a multimodal prompt, read instead of the tokens')."""
 
     def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T X"], positions: Int[Array, "B T"],
                  mask: Bool[Array, "B T S"], cache: KVCache, write_pos: Int[Array, " B"]
@@ -91,9 +93,12 @@ class LMDrafter:
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         return self.model.init_cache(batch, capacity)
 
-    def prefill(self, tokens, positions, mask, target_hidden, cache) -> KVCache:
+    def prefill(self, tokens, positions, mask, target_hidden, cache, *, embeddings=None) -> KVCache:
         del target_hidden
-        _, cache = self.model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+        if embeddings is not None:
+            embeddings = embeddings.astype(jnp.dtype(self.model.cfg.dtype))
+        _, cache = self.model.forward(tokens, positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32),
+                                      embeddings=embeddings)
         return cache
 
     def __call__(self, tokens, features, positions, mask, cache, write_pos):
@@ -115,11 +120,15 @@ class EagleDrafter:
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         return eagle_head.init_cache(self.weights.cfg, batch, capacity)
 
-    def prefill(self, tokens, positions, mask, target_hidden, cache) -> KVCache:
-        """Prompt pairs (f_{t-1}, x_t) at slots [0, T); the first slot has no predecessor (zero feature)."""
+    def prefill(self, tokens, positions, mask, target_hidden, cache, *, embeddings=None) -> KVCache:
+        """Prompt pairs (f_{t-1}, x_t) at slots [0, T); the first slot has no predecessor (zero feature). A head
+        without M-RoPE reads a multimodal prompt's temporal positions (those of its text tokens are all equal)."""
         w, t = self.weights, self.target
+        if positions.ndim == 3 and not w.cfg.rope.mrope_section:
+            positions = positions[..., 0]
         _, cache = eagle_head.eagle_features(w.head, w.cfg, t.embed, tokens, eagle_head.shift_features(target_hidden),
-                                             positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32))
+                                             positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32),
+                                             embeddings=embeddings)
         return cache
 
     def __call__(self, tokens, features, positions, mask, cache, write_pos):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies, sampling, widths
+from sage_jax.decoding import policies, sampling, visual_pruning, widths
 from sage_jax.decoding import verify as verify_lib
 from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
 from sage_jax.decoding.drafters import Drafter
@@ -35,16 +35,25 @@ class SpecConfig(ARConfig):
     Attributes: policy; bucket_ratio: run the draft catch-up, each draft level and the target's verify forward
     at the smallest of the widths 1, r, r², ..., capacity that holds the step's real tokens (`widths.switch`;
     still one compile, but each width is a compiled copy of the forward); < 2 turns bucketing off.
+    For multimodal prompts (`visual_pruning.Media`): draft_prompt_len, the draft's prompt bucket after visual
+    pruning (0: the target's `prompt_len`, nothing pruned); prune, how the kept visual tokens are chosen.
     """
 
     policy: policies.TreePolicy
     bucket_ratio: int = 4
+    draft_prompt_len: int = 0
+    prune: visual_pruning.Method = "attention"
 
     @property
     def capacity(self) -> int:
         """Cache slots: prompt, output, and the largest write past the committed prefix in one step."""
         p = self.policy
         return self.prompt_len + self.max_new_tokens + max(p.n_max + 1, p.draft_slots, p.d_cap + 1) + 1
+
+    @property
+    def draft_capacity(self) -> int:
+        """The draft cache's slots: the target's, less the prompt slots pruning removed."""
+        return self.capacity - self.prompt_len + (self.draft_prompt_len or self.prompt_len)
 
     @property
     def max_steps(self) -> int:
@@ -58,9 +67,13 @@ class SpecState:
     Attributes:
       out: [B, out] generated tokens (out = max_new + A).  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
       length: [B] target cache slots committed (the root sits at slot `length`).  pad: [B] left padding.
+      delta: [B] position delta: target slot s past the prompt sits at position s - pad + delta.
       root: [B] last committed token (not yet in the target cache).
-      pending: [B, A] tokens the draft has not seen, `n_pending` [B] of them, from slot `length_d` on;
+      pending: [B, A] tokens the draft has not seen, `n_pending` [B] of them, from draft slot `length_d` on;
         `pending_feat` [B, A, X]: the target's feature of each one's predecessor (X = 0 for LM drafts).
+      pad_d, delta_d: [B] the draft's own left padding and position delta: its prompt is shorter than the
+        target's when visual tokens are pruned, so its slots trail the target's by a fixed offset per row while
+        the positions agree (for text prompts pad_d = pad and both deltas are 0).
       t_cache, d_cache: target and draft KV caches.  key: PRNG key.
       alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
       hist: [B, hist] recent τ, `hist_n` [B] how many were recorded.
@@ -80,11 +93,14 @@ class SpecState:
     max_new: Int[Array, " B"]
     length: Int[Array, " B"]
     pad: Int[Array, " B"]
+    delta: Int[Array, " B"]
     root: Int[Array, " B"]
     pending: Int[Array, "B A"]
     pending_feat: Float[Array, "B A X"]
     n_pending: Int[Array, " B"]
     length_d: Int[Array, " B"]
+    pad_d: Int[Array, " B"]
+    delta_d: Int[Array, " B"]
     t_cache: KVCache
     d_cache: KVCache
     key: jax.Array
@@ -111,17 +127,26 @@ class SpecState:
 def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
                  temperature: Float[Array, " B"], max_new: Int[Array, " B"], key: jax.Array,
                  alpha0: Float[Array, " B"], n_budget: Int[Array, " B"] | None = None,
-                 d_budget: Int[Array, " B"] | None = None) -> SpecState:
+                 d_budget: Int[Array, " B"] | None = None, media: visual_pruning.Media | None = None) -> SpecState:
     """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
     confidence that shapes the first tree; `n_budget` / `d_budget`: node budget and depth cap (default: the
-    policy's static n_max / d_cap). All per-request values, so arrays."""
+    policy's static n_max / d_cap). All per-request values, so arrays. `media`: a multimodal prompt; the draft
+    then reads the visual tokens `media.keep` says, compacted into `cfg.draft_prompt_len` slots."""
     b, t = tokens.shape
     pol = cfg.policy
     a = pol.d_cap + 1
     t_cache = target.init_cache(b, cfg.capacity)
-    hidden, t_cache = prefill(target, tokens, pad, t_cache)
-    positions, mask = prompt_layout(tokens, pad, cfg.capacity)
-    d_cache = drafter.prefill(tokens, positions, mask, hidden, drafter.init_cache(b, cfg.capacity))
+    d_cache = drafter.init_cache(b, cfg.draft_capacity)
+    delta = jnp.zeros((b,), jnp.int32)
+    if media is None:
+        hidden, t_cache = prefill(target, tokens, pad, t_cache)
+        positions, mask = prompt_layout(tokens, pad, cfg.capacity)
+        d_cache = drafter.prefill(tokens, positions, mask, hidden, d_cache)
+        pad_d, delta_d, t_d = pad, delta, t
+    else:
+        hidden, t_cache, keep = target_prefill_media(cfg, target, tokens, pad, media, t_cache)
+        pad_d, delta_d, d_cache = draft_prefill_media(cfg, drafter, tokens, pad, media, hidden, keep, d_cache)
+        delta, t_d = media.delta.astype(jnp.int32), cfg.draft_prompt_len or t
     key, sub = jax.random.split(key)
     first = sampling.sample(sub, target.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
     feat = jnp.zeros((b, a, drafter.feature_dim), hidden.dtype).at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
@@ -131,20 +156,56 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
     d_budget = jnp.full((b,), pol.d_cap, jnp.int32) if d_budget is None else d_budget
     return SpecState(
         out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
-        max_new=max_new, length=jnp.full((b,), t, jnp.int32), pad=pad, root=first,
+        max_new=max_new, length=jnp.full((b,), t, jnp.int32), pad=pad, delta=delta, root=first,
         pending=jnp.zeros((b, a), jnp.int32).at[:, 0].set(first), pending_feat=feat,
-        n_pending=jnp.ones((b,), jnp.int32),
-        length_d=jnp.full((b,), t, jnp.int32), t_cache=t_cache, d_cache=d_cache, key=key,
+        n_pending=jnp.ones((b,), jnp.int32), length_d=jnp.full((b,), t_d, jnp.int32), pad_d=pad_d,
+        delta_d=delta_d, t_cache=t_cache, d_cache=d_cache, key=key,
         alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
         hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
         n_budget=jnp.clip(n_budget, 1, pol.n_max).astype(jnp.int32),
         d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
-        draft_forwards=jnp.int32(1), draft_width=jnp.int32(t), verify_width=jnp.int32(0),
+        draft_forwards=jnp.int32(1), draft_width=jnp.int32(t_d), verify_width=jnp.int32(0),
         accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), alpha_trace=jnp.full((n_steps,), jnp.nan, jnp.float32),
         depth_trace=jnp.zeros((n_steps,), jnp.int32), nodes_trace=jnp.zeros((n_steps,), jnp.int32),
         width_trace=jnp.zeros((n_steps,), jnp.int32), tau_trace=jnp.zeros((n_steps,), jnp.int32),
     )
+
+
+def target_prefill_media(cfg: SpecConfig, target: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
+                         media: visual_pruning.Media, t_cache: KVCache
+                         ) -> tuple[Float[Array, "B T D"], KVCache, Bool[Array, "B T"]]:
+    """The target's prefill over every visual token, and which prompt slots the draft keeps (ranked by this
+    prefill's attention for `prune="attention"`): (hidden, cache, keep [B, T])."""
+    t = tokens.shape[1]
+    slot = jnp.arange(t, dtype=jnp.int32)[None]
+    if not cfg.draft_prompt_len:  # nothing pruned: the draft reads the target's prompt as it is
+        hidden, t_cache = prefill(target, tokens, pad, t_cache, media)
+        return hidden, t_cache, slot >= pad[:, None]
+    if cfg.prune == "attention":
+        probe = visual_pruning.probe_rows(media.kind, pad)
+        hidden, t_cache, score = prefill(target, tokens, pad, t_cache, media, probe)
+        return hidden, t_cache, visual_pruning.keep_mask(cfg.prune, media.kind, pad, media.keep, score[:, :t])
+    hidden, t_cache = prefill(target, tokens, pad, t_cache, media)
+    return hidden, t_cache, visual_pruning.keep_mask(cfg.prune, media.kind, pad, media.keep)
+
+
+def draft_prefill_media(cfg: SpecConfig, drafter: Drafter, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
+                        media: visual_pruning.Media, hidden: Float[Array, "B T D"], keep: Bool[Array, "B T"],
+                        d_cache: KVCache) -> tuple[Int[Array, " B"], Int[Array, " B"], KVCache]:
+    """The draft's prefill over the kept slots, compacted to `cfg.draft_prompt_len` at their original positions:
+    (the draft's left padding, its position delta, its cache)."""
+    t = tokens.shape[1]
+    t_d = cfg.draft_prompt_len or t
+    idx, pad_d = visual_pruning.compact_index(keep, t_d)
+    emb = media.embeddings if media.draft_embeddings is None else media.draft_embeddings
+    slots = jnp.broadcast_to(jnp.arange(t_d, dtype=jnp.int32), idx.shape)
+    mask = causal_visibility(slots, pad_d, cfg.draft_capacity)
+    pick = lambda x: visual_pruning.gather(x, idx)  # noqa: E731
+    d_cache = drafter.prefill(pick(tokens), pick(media.positions), mask, pick(hidden), d_cache,
+                              embeddings=pick(emb))
+    pruned = (t - pad) - (t_d - pad_d)
+    return pad_d, media.delta.astype(jnp.int32) + pruned, d_cache
 
 
 # ******** Draft: catch up on the pending tokens, then build the tree. ********
@@ -175,12 +236,13 @@ def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
     log-probabilities and predicted feature, the draft cache, and the width it ran at."""
     a = cfg.policy.d_cap + 1
     slots = s.length_d[:, None] + jnp.arange(a, dtype=jnp.int32)[None]
-    mask = causal_visibility(slots, s.pad, s.d_cache.capacity)
+    mask = causal_visibility(slots, s.pad_d, s.d_cache.capacity)
+    positions = slots - s.pad_d[:, None] + s.delta_d[:, None]
     last = (s.n_pending - 1)[:, None, None]  # the root: the last pending token
 
     def at_width(w):
         def run():
-            logq, feat, cache = drafter(s.pending[:, :w], s.pending_feat[:, :w], (slots - s.pad[:, None])[:, :w],
+            logq, feat, cache = drafter(s.pending[:, :w], s.pending_feat[:, :w], positions[:, :w],
                                         mask[:, :w], s.d_cache, s.length_d)
             pick = jnp.minimum(last, w - 1)
             return (jnp.take_along_axis(logq, pick, 1)[:, 0], jnp.take_along_axis(feat, pick, 1)[:, 0], cache,
@@ -197,9 +259,10 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
     alpha = policies.confidence(root_logq, pol.top_k)
     alpha_used = alpha if pol.alpha_source == "fresh_root" else s.alpha
     shape = policies.step_shape(pol, alpha_used, s.d_max, s.d_budget)
+    root_slot = s.length_d + s.n_pending - 1  # the root's draft slot (its target slot is `length`)
     tree, pool, cache, n_levels, level_width = build_tree(
-        pol, drafter, cache, s.root, root_logq, alpha, root_feat, shape, s.length, s.pad,
-        budget=s.n_budget, bucket_ratio=cfg.bucket_ratio)
+        pol, drafter, cache, s.root, root_logq, alpha, root_feat, shape, root_slot, s.pad_d,
+        budget=s.n_budget, bucket_ratio=cfg.bucket_ratio, delta=s.delta_d)
     return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
                  width=cu_width + level_width)
 
@@ -239,7 +302,7 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, feature_dim: i
     def forward_at(w):
         def run():
             t = tree.prefix(w)
-            positions = (s.length - s.pad)[:, None] + t.depth
+            positions = (s.length - s.pad + s.delta)[:, None] + t.depth
             hidden, kv = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
                                         s.t_cache, s.length, write=False)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
@@ -293,7 +356,7 @@ def commit(cfg: SpecConfig, s: SpecState, tree: Tree, v: Verdict, active: Bool[A
         length=_keep(active, s.length + 1 + v.tau, s.length), root=_keep(active, v.bonus, s.root),
         pending=_keep(active, jnp.where(i <= v.tau[:, None], emitted, 0), s.pending),
         n_pending=_keep(active, v.tau + 1, s.n_pending), pending_feat=_keep(active, v.path_feat, s.pending_feat),
-        length_d=_keep(active, s.length + 1, s.length_d))
+        length_d=_keep(active, s.length_d + s.n_pending, s.length_d))
 
 
 # ******** Policy state: α for the next tree, and the τ history that moves D_max. ********

@@ -118,14 +118,17 @@ def build_tree(
     pad: Int[Array, " B"],
     budget: Int[Array, " B"] | None = None,
     bucket_ratio: int = 4,
+    delta: Int[Array, " B"] | None = None,
 ) -> tuple[tree_lib.Tree, Pool, KVCache, Int[Array, ""], Int[Array, ""]]:
-    """Drafts one tree. `length`: the committed prefix (the root's slot); the root's own draft distribution is
+    """Drafts one tree. `length`: the draft's committed prefix (the root's slot; position `length - pad + delta`,
+    `delta` 0 by default); the root's own draft distribution is
     `root_logq`; `budget` [B]: node cap (<= n_max; default n_max). Each level's draft forward runs at the
     smallest of the widths 1, q, q², ..., R holding its frontier (q = `bucket_ratio`; < 2: always R).
     Returns the verified-tree view (valid nodes packed at the front), the pool (for α statistics), the cache,
     the number of draft forwards spent on levels >= 2 and the total width they ran at."""
     b = root.shape[0]
     r, k, capacity = policy.frontier, policy.top_k, cache.capacity
+    delta = jnp.zeros((b,), jnp.int32) if delta is None else delta
     budget = jnp.full((b,), policy.n_max, jnp.int32) if budget is None else jnp.clip(budget, 0, policy.n_max)
     pool = Pool.start(root, root_alpha, root_feature, policy.pool_size)
     top_v, top_i = jax.lax.top_k(root_logq, k)
@@ -151,7 +154,7 @@ def build_tree(
         onehot = jax.nn.one_hot(dslot, policy.draft_slots, dtype=jnp.float32)  # [B,C,U]; -1 -> all zeros
         vis = jnp.einsum("BRC,BCU->BRU", anc.astype(jnp.float32), onehot) > 0
         mask = tree_lib.tree_visibility(vis, length, pad, capacity)
-        positions = (length - pad)[:, None] + (level - 1) + jnp.zeros((b, r), jnp.int32)
+        positions = (length - pad + delta)[:, None] + (level - 1) + jnp.zeros((b, r), jnp.int32)
         parents = jnp.maximum(jnp.take_along_axis(pool.parent, f_idx, 1), 0)
         feat_in = jnp.take_along_axis(pool.feature, parents[:, :, None], 1)
         n_front = jnp.max(jnp.sum(f_valid, 1))

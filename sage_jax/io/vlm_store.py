@@ -194,6 +194,25 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     return path
 
 
+def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: dict | None = None) -> str:
+    """An in-memory `VisionLM` (trained or built here) -> our checkpoint, with its tokenizer and its processor
+    directory's files. Returns the checkpoint's path."""
+    from sage_jax.io import store
+
+    arch = architectures.named(model.architecture)
+    params = hf.flatten(nnx.to_pure_dict(nnx.state(model.module, nnx.Param)))
+    with checkpoint.Writer(out, overwrite=overwrite) as writer:
+        for name, value in params.items():
+            writer.put(name, jax.device_get(value))
+        path = writer.commit(config={"architecture": arch.name, "model": model.config.to_json()}, kind=VLM_KIND,
+                             provenance=provenance or {"source": model.source or "in memory"})
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+    if model.processor_dir is not None:
+        _copy_processor_files(model.processor_dir, path)
+    return path
+
+
 def read_config(path: str | os.PathLike) -> tuple[Architecture, Any]:
     """(family, config) of our VLM checkpoint."""
     meta = checkpoint.read_metadata(path)

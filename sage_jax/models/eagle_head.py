@@ -83,11 +83,13 @@ def init_cache(cfg: LMConfig, batch: int, capacity: int) -> KVCache:
 @jax.named_scope(lm.MODEL_SCOPE)
 def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Array, "V D"],
                    tokens: Int[Array, "B T"], features_prev: Float[Array, "B T D"], positions: Int[Array, "B T"],
-                   mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None
+                   mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None,
+                   embeddings: Float[Array, "B T D"] | None = None
                    ) -> tuple[Float[Array, "B T D"], KVCache | None]:
-    """f̂ [B, T, D] (the predicted target features) and the updated cache; no LM head."""
+    """f̂ [B, T, D] (the predicted target features) and the updated cache; no LM head. `embeddings`: the token
+    embeddings to read instead of `target_embed[tokens]` (a multimodal prompt's, visual features spliced in)."""
     dt = jnp.dtype(head_cfg.dtype)
-    e = lm.embed_tokens(head_cfg, target_embed, tokens)
+    e = lm.embed_tokens(head_cfg, target_embed, tokens) if embeddings is None else embeddings.astype(dt)
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
     x = jnp.einsum("BTI,ID->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))

@@ -47,7 +47,7 @@ class LlavaOnevisionConfig:
     text: LMConfig
     vision: SiglipConfig
     image_token_id: int = 151646
-    video_token_id: int = 151647
+    video_token_id: int | None = 151647  # None: an image-only model
     vision_feature_layer: int | tuple[int, ...] = -1
     vision_feature_select_strategy: str = "full"  # "default" drops each tile's first token
     image_grid_pinpoints: tuple[tuple[int, int], ...] = PINPOINTS_384

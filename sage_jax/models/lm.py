@@ -124,6 +124,36 @@ def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N
     return shard(xm.T.reshape(b, t, -1), ("batch", "seq", "embed"))
 
 
+def probe_attention(cfg: LMConfig, p: dict, x: Float[Array, "B Q D"],
+                    positions: Int[Array, "B Q"] | Int[Array, "B Q 3"], k_all: Float[Array, "B S K H"],
+                    mask: Bool[Array, "B Q S"], weight: Float[Array, "B Q"]) -> Float[Array, "B S"]:
+    """How much Q probe queries (layer inputs `x`) attend to each key slot in one layer: the softmax weights
+    averaged over the query heads and over the queries by `weight` (rows of `weight` sum to 1). The query
+    projection is recomputed for the Q probes only, so `block` stays as it is."""
+    dt = jnp.dtype(cfg.dtype)
+    b, q_len, d = x.shape
+    n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
+    h = layers.rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    q = jnp.einsum("ED,BQD->BQE", p["qkv"][: n * hd].astype(dt), h)
+    if cfg.qkv_bias:
+        q = q + p["bqkv"][: n * hd].astype(dt)[None, None]
+    q = layers.apply_rope(q.reshape(b, q_len, n, hd), positions, inv_freq, rope_scale, cfg.rope.mrope_section)
+    qg = q.reshape(b, q_len, kh, n // kh, hd)
+    s = jnp.einsum("BQKGH,BSKH->BKGQS", qg, k_all.astype(dt), preferred_element_type=jnp.float32) * (hd**-0.5)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], s, layers.MASK_VALUE), axis=-1)
+    return jnp.einsum("BKGQS,BQ->BS", probs, weight.astype(jnp.float32)) / n
+
+
+@flax.struct.dataclass
+class Probe:
+    """Which prompt slots `LM.forward` measures attention from (`probe_attention`): rows [B, Q] and their weights
+    [B, Q] (summing to 1 per row)."""
+
+    rows: Int[Array, "B Q"]
+    weight: Float[Array, "B Q"]
+
+
 def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
     return shard(jnp.take(embed, tokens, axis=0).astype(jnp.dtype(cfg.dtype)), ("batch", "seq", "embed"))
 
@@ -171,7 +201,7 @@ class LM:
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"] | Int[Array, "B T 3"],
                 mask: Bool[Array, "B T S"],
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
-                embeddings: Float[Array, "B T D"] | None = None, write: bool = True
+                embeddings: Float[Array, "B T D"] | None = None, write: bool = True, probe: Probe | None = None
                 ) -> tuple[Float[Array, "B T D"], KVCache | NewKV | None]:
         """Last-layer hidden states (before the final norm) and the cache with the new keys/values written at
         `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows.
@@ -179,7 +209,11 @@ class LM:
         `write=False` leaves the cache untouched and returns the new keys/values instead (`NewKV`), for the
         caller to commit only the rows it keeps (`KVCache.commit`); queries see the same either way. A speculative
         verify runs its forward inside a `lax.switch` over widths: a cache written there leaves the switch in a
-        fresh buffer that XLA:CPU copies back into the loop state, the whole cache per layer and step."""
+        fresh buffer that XLA:CPU copies back into the loop state, the whole cache per layer and step.
+
+        With a `probe` (a cache, `write=True`), a third value comes back: [B, S] how much the probe rows attend
+        to each cache slot, averaged over layers, heads and probes (draft-side visual-token pruning ranks the
+        visual tokens by it, `decoding/visual_pruning.py`)."""
         x = embed_tokens(self.cfg, self.embed, tokens) if embeddings is None else embeddings
         if cache is None:
             for p in self.layers:
@@ -191,12 +225,23 @@ class LM:
         if not write:  # once for all layers
             mask, mask_new = split_mask(mask, write_pos)
         ks, vs = [], []
+        score = None
+        if probe is not None:
+            take = lambda a: jnp.take_along_axis(  # noqa: E731
+                a, probe.rows.reshape(probe.rows.shape + (1,) * (a.ndim - 2)), axis=1)
+            p_pos, p_mask = take(positions), take(mask)
+            score = jnp.zeros(mask.shape[::2], jnp.float32)
         for p, k_l, v_l in zip(self.layers, cache.k, cache.v, strict=True):  # unrolled
+            x_in = x
             x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new)
+            if probe is not None:
+                score = score + probe_attention(self.cfg, p, take(x_in), p_pos, k_l, p_mask, probe.weight)
             ks.append(k_l)
             vs.append(v_l)
         if not write:
             return x, NewKV(k=jnp.stack(ks), v=jnp.stack(vs))
+        if probe is not None:
+            return x, KVCache(k=tuple(ks), v=tuple(vs)), score / self.n_layers
         return x, KVCache(k=tuple(ks), v=tuple(vs))
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:

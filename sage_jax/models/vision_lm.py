@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 
 class VisionLM:
@@ -33,6 +33,7 @@ class VisionLM:
         self.processor_dir = processor_dir
         self.source = source
         self._image_processor = None
+        self._serving = None
 
     @property
     def config(self):
@@ -50,6 +51,27 @@ class VisionLM:
         if self._image_processor is None and self.processor_dir is not None:
             self._image_processor = _image_processor(self.processor_dir)
         return self._image_processor
+
+    @property
+    def supports_video(self) -> bool:
+        """Whether the model takes videos (a config without a video placeholder token is image-only)."""
+        return getattr(self.config, "video_token_id", None) is not None
+
+    def serving(self):
+        """The language model's serving form (`sage_jax.models.lm.LM`, built once): what `Engine` decodes with,
+        fed the embeddings `embed` returns."""
+        if self._serving is None:
+            self._serving = self.module.lm.serving()
+        return self._serving
+
+    def embed(self, **inputs: Any) -> tuple[Float[Array, "B T D"], Int[Array, "B T ..."], np.ndarray]:
+        """The language model's inputs for processor outputs: embeddings with the visual features spliced in,
+        positions ([B, T, 3] M-RoPE for Qwen2.5-VL, [B, T] for LLaVA-OneVision) and the position delta [B] of the
+        steps after the prompt (step k sits at position (kept prompt tokens + k) + delta)."""
+        out = self.module.embed(**inputs)
+        if len(out) == 3:
+            return out[0], out[1], np.asarray(out[2], np.int32)
+        return out[0], out[1], np.zeros((out[0].shape[0],), np.int32)
 
     def __call__(self, **inputs: Any) -> Float[Array, "B T V"]:
         """Float32 logits [B, T, V] from the keyword arrays a processor returns (numpy or jax)."""

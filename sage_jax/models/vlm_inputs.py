@@ -56,6 +56,8 @@ def _processed(image_processor, images: list) -> dict[str, np.ndarray]:
 
 def prepare(model, prompt: str | Sequence[dict], images: Sequence = (), videos: Sequence = ()) -> dict[str, Any]:
     """`model`: a `VisionLM` (config, tokenizer, image_processor). Returns numpy arrays for `model(**inputs)`."""
+    if len(videos) and not model.supports_video:
+        raise ValueError(f"{model.source or 'this model'} takes images only, not videos")
     images, videos = _load_images(images), _load_videos(videos)
     messages = _messages(prompt, len(images), len(videos))
     cfg, tok, ip = model.config, model.tokenizer, model.image_processor

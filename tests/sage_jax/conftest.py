@@ -66,3 +66,14 @@ def _tiny_lm(seed: int, scale: float = 6.0, **cfg) -> Decoder:
 def tiny_lm():
     """Factory: tiny_lm(seed, scale=6.0, **LMConfig.tiny overrides) -> Decoder."""
     return _tiny_lm
+
+
+# ------------------------------------------------------------------------------- tiny vision-language models
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory):
+    """Factory: tiny_vlm(arch, seed, **kw) -> VisionLM (`sage_jax.bench.tiny_vlm`)."""
+    from sage_jax.bench.tiny_vlm import tiny_vlm
+
+    return lambda arch, seed, **kw: tiny_vlm(arch, seed, tmp_path_factory.mktemp(arch), **kw)

@@ -65,3 +65,27 @@ def test_alpha_plots_use_the_sage_run_that_built_trees():
               "eagle2": trees(4, 40)}
     assert alpha_methods(traces) == ("sage@25", ["sage@25", "static"])
     assert alpha_methods({"sage": trees(30), "sage@25": trees(20)}) == ("sage", ["sage"])
+
+
+def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path):
+    """`--vlm --quick` (SAGE only, one prompt, to stay small): SAGE equals AR on an image prompt, and the sweep
+    reports the draft's prefill at each ratio; a draft that sees 20% of the image tokens runs fewer of them and
+    fewer XLA operations in its prefill (XLA's count: noise-free, unlike the seconds the table also reports)."""
+    assert bench.main(["--vlm", "--quick", "--no-progress", "--max-new-tokens", "8", "--ratios", "0,0.8",
+                       "--methods", "sage", "--prompts", "1", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "vlm_bench.json") as f:
+        out = json.load(f)
+    assert set(out["methods"]) == {"ar", "sage"}
+    assert all(v["same_as_ar"] for v in [*out["methods"].values(), *out["sweep"]])
+    off, on = out["sweep"]
+    assert (off["ratio"], on["ratio"]) == (0.0, 0.8)
+    assert off["draft_prompt_tokens"] == off["prompt_tokens"] > on["draft_prompt_tokens"]
+    assert on["draft_prefill_gflops"] < 0.7 * off["draft_prefill_gflops"]
+    assert on["draft_prefill_seconds"] > 0 and off["target_prefill_seconds"] > 0
+    assert os.path.getsize(tmp_path / "vlm_pruning.png") > 10_000
+
+
+def test_vlm_bench_refuses_a_text_target(tmp_path, capsys, smollm2_path):
+    assert bench.main(["--vlm", "--target", smollm2_path, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vision-language target" in err[0]
