@@ -14,6 +14,9 @@ The public API (imported on first use, so `python -m sage_jax.<cli>` starts fast
     vlm = sage_jax.load(qwen25_vl_or_llava_ov_path)  # -> VisionLM
     logits = vlm(**vlm.inputs("What is this?", images=["cat.png"]))   # the processor's keyword arrays
 
+    engine = sage_jax.load_engine(vlm_path, draft=smaller_vlm_path)   # SAGE on a VLM; the draft sees 20% of the
+    gen = engine.generate(["What is this?"], images=[["cat.png"]])    # image tokens and 10% of a video's
+
 Names: `load`, `load_engine`, `Engine`, `Generation`, `Stats`, `CausalLM`, `VisionLM`, `TreePolicy`, `DraftSpec`,
 `SamplingConfig`, `default_target`, `default_draft`; subpackages `io`, `models`, `decoding`, `training`, `bench`.
 
@@ -28,7 +31,8 @@ Dimension names, used in einsum strings, `jaxtyping` annotations and variable su
     M tokens of a feature-major activation (B*T)
     U new slots a step writes past the committed prefix (the new keys/values of a cache-reading forward)
     I an EAGLE head's input width (2D: feature and embedding)   Vd a reduced draft vocabulary
-    P image patches / visual tokens
+    P image patches / visual tokens           Q probe queries (prompt slots whose attention ranks visual tokens)
+    Td the draft's prompt slots after visual-token pruning     Dd a draft VLM's model width
   Decoding
     W verified tree slots (the root and n_max nodes)     C candidate-pool slots (the root included)
     R frontier: the nodes one draft level expands        J children considered per expanded node (top-k)

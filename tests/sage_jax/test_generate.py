@@ -119,6 +119,29 @@ def other_vocab(tmp_path_factory):
     return _tiny_llama(tmp_path_factory.mktemp("other_vocab"), 200)
 
 
+@pytest.fixture(scope="session")
+def vlm_dirs(tmp_path_factory):
+    """Our converted checkpoints of tiny random VLMs (`vlm_store.save`): a Qwen2.5-VL target and its one-layer
+    draft, an image-only LLaVA-OneVision with a 64-token context; an image and a video file."""
+    import numpy as np
+    from PIL import Image
+
+    from sage_jax.bench.tiny_vlm import tiny_vlm
+    from sage_jax.io import vlm_store
+
+    root = tmp_path_factory.mktemp("vlm_dirs")
+    target = tiny_vlm("qwen2_5_vl", 0, root / "p0")
+    draft = tiny_vlm("qwen2_5_vl", 1, root / "p1", n_layers=1, like=target, noise=0.05)
+    small = tiny_vlm("llava_onevision", 0, root / "p2", video=False, max_position=64)
+    out = {"target": vlm_store.save(target, root / "qwen2.5-vl-72b"),
+           "draft": vlm_store.save(draft, root / "qwen2.5-vl-7b"),
+           "image_only": vlm_store.save(small, root / "llava-image-only"), "root": str(root)}
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)).save(root / "cat.png")
+    np.save(root / "clip.npy", rng.integers(0, 256, (4, 56, 56, 3), dtype=np.uint8))
+    return out
+
+
 BAD = {
     "missing_target": (["--target", "/nonexistent/model.gguf"], "no such file"),
     "missing_draft": (["--target", "{tiny}", "--draft", "/nonexistent/draft"], "no such file"),
@@ -138,19 +161,25 @@ BAD = {
     "top_k_negative": (["--top-k", "-1"], "top-k"),
     "pallas_not_yet": (["--attention", "pallas"], "unrecognized arguments: --attention"),
     "unknown_flag": (["--beam-width", "4"], "unrecognized"),
+    "prune_ratio": (["--prune-ratio", "0.8,2"], "--prune-ratio"),
+    "video_image_only": (["--target", "{image_only}", "--video", "{root}/clip.npy"], "images only"),
+    "visual_tokens_too_many": (["--target", "{image_only}", "--image", "{root}/cat.png", "--max-new-tokens", "4"],
+                               "visual tokens"),
+    "vlm_text_draft": (["--target", "{vlm}", "--draft", "{tiny}", "--image", "{root}/cat.png"], "draft"),
     "bad_int": (["--max-new-tokens", "many"], "invalid int"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env):
+def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env, vlm_dirs):
     args, needle = BAD[case]
     png = os.path.join(os.path.dirname(tiny_target), "cat.png")
     if not os.path.exists(png):
         from PIL import Image
 
         Image.new("RGB", (32, 24), (200, 30, 30)).save(png)
-    args = [a.format(tiny=tiny_target, other=other_vocab, png=png) for a in args]
+    args = [a.format(tiny=tiny_target, other=other_vocab, png=png, image_only=vlm_dirs["image_only"],
+                     root=vlm_dirs["root"], vlm=vlm_dirs["target"]) for a in args]
     proc = _cli(cli_env, *args, "--json", timeout=120)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr
@@ -176,3 +205,31 @@ def test_readme_main_command(cli_env, cache_dir):
             assert "decoded plainly" in proc.stderr and out["stats"]["mean_accepted"] == 0
         else:
             assert out["stats"]["mean_accepted"] > 0.3
+
+
+def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
+    """The README's VLM command and Python snippet, run as written on converted tiny Qwen2.5-VL checkpoints named
+    as in the README: SAGE with the pruned draft equals plain decoding (the command's --compare, and AR in Python)."""
+    root = vlm_dirs["root"]
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    cmd = next(b for b in readme.split("```bash")[1:] if "--image cat.png" in b).split("```")[0]
+    line = cmd.replace("\\\n", " ").splitlines()[-1].split()
+    assert line[:3] == [".venv/bin/python", "-m", "sage_jax.generate"]
+    args = [a for a in line[3:] if not a.startswith("[")]
+    args = args[: args.index("--prompt")] + ["--prompt", "What is in this picture?"]
+    args = [os.path.join(root, a) if a in ("qwen2.5-vl-72b", "qwen2.5-vl-7b", "cat.png") else a for a in args]
+    proc = _cli(cli_env, *args, "--compare", "--budget", "static", "--max-new-tokens", "12", "--json", timeout=600)
+    out = _json(proc)
+    assert out["policy"] == "sage" and out["compare"]["identical"]
+    st = out["stats"]
+    assert st["draft_prompt_tokens"] < st["prompt_tokens"] and st["draft_forwards"] > st["steps"]
+    code = next(b for b in readme.split("```python")[1:] if "load_engine(\"qwen2.5-vl-72b\"" in b).split("```")[0]
+    monkeypatch.chdir(root)
+    import sage_jax
+
+    scope = {"sage_jax": sage_jax}
+    exec(code.replace("max_new_tokens=64", "max_new_tokens=12"), scope)  # noqa: S102 (our own README)
+    gen = scope["gen"]
+    ar = scope["engine"].generate(["What is in this picture?"], images=[["cat.png"]], policy="ar", max_new_tokens=12)
+    assert gen.token_ids == ar.token_ids and gen.policy == "sage"
+    assert gen.stats.draft_prompt_tokens < gen.stats.prompt_tokens
