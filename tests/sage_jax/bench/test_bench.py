@@ -84,8 +84,3 @@ def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path):
     assert on["draft_prefill_seconds"] > 0 and off["target_prefill_seconds"] > 0
     assert os.path.getsize(tmp_path / "vlm_pruning.png") > 10_000
 
-
-def test_vlm_bench_refuses_a_text_target(tmp_path, capsys, smollm2_path):
-    assert bench.main(["--vlm", "--target", smollm2_path, "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "vision-language target" in err[0]

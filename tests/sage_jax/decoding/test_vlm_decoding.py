@@ -4,6 +4,8 @@ and off, for a batch mixing one image with two images of other sizes and a video
 VLM of the family, a self-draft, an EAGLE-style head); one compile across image counts and sizes inside a
 bucket; sampled rows follow the target's distribution; pruning keeps what it says it keeps."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +77,19 @@ def test_every_policy_matches_ar_with_and_without_pruning(pair, reference):
             assert st.prompt_tokens - st.draft_prompt_tokens == sum(i + v for i, v in vis) - kept
         tau += st.mean_accepted
     assert tau > 0  # the trees were really used
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prune", vp.METHODS)
+def test_every_policy_with_pruning_on_and_off(pair, reference, prune):
+    """The full product (slow): every policy, pruning off and at the default ratios, both ranking methods."""
+    _, target, draft = pair
+    _, ref = reference
+    engine = Engine(target, draft, prune=prune)
+    for policy, ratio in itertools.product(("chain", "static", "eagle2", "sage"), (0.0, None)):
+        out = engine.generate(PROMPTS, policy=policy, images=IMAGES, videos=VIDEOS, max_new_tokens=N_NEW,
+                              prune_ratio=ratio)
+        assert out.token_ids == ref, (policy, prune, ratio)
 
 
 def engine_visual(target):

@@ -286,17 +286,6 @@ def test_generate_cli_decodes_a_vlm_and_refuses_bad_images(hf_vlm, tmp_path):
     and an unsupported architecture give exit 2 and one line."""
     family, path, _ = hf_vlm
     _image(56, 84, 1).save(tmp_path / "a.png")
-    proc = _generate_cli("--target", path, "--draft", path, "--image", str(tmp_path / "a.png"), "--prompt",
-                         "Describe.", "--max-new-tokens", "8", "--budget", "static", "--prune-ratio", "0.5", "--json")
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    model = sage_jax.load(path)
-    want = model.generate(max_new_tokens=8, **model.inputs("Describe.", images=[tmp_path / "a.png"]))[0].tolist()
-    eos = set(model.config.text.eos_token_ids)
-    want = next((want[: i + 1] for i, t in enumerate(want) if t in eos), want)
-    assert out["token_ids"] == want and out["policy"] == "sage" and out["stats"]["new_tokens"] == len(want)
-    st = out["stats"]
-    assert st["draft_prompt_tokens"] < st["prompt_tokens"] and st["draft_forwards"] > st["steps"]
     bad = []
     if family == "qwen":
         _image(1, 300).save(tmp_path / "wide.png")
@@ -311,3 +300,16 @@ def test_generate_cli_decodes_a_vlm_and_refuses_bad_images(hf_vlm, tmp_path):
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    if family != "qwen":
+        return  # one family decodes through the CLI here (test_generate.py decodes converted checkpoints)
+    proc = _generate_cli("--target", path, "--draft", path, "--image", str(tmp_path / "a.png"), "--prompt",
+                         "Describe.", "--max-new-tokens", "8", "--budget", "static", "--prune-ratio", "0.5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    model = sage_jax.load(path)
+    want = model.generate(max_new_tokens=8, **model.inputs("Describe.", images=[tmp_path / "a.png"]))[0].tolist()
+    eos = set(model.config.text.eos_token_ids)
+    want = next((want[: i + 1] for i, t in enumerate(want) if t in eos), want)
+    assert out["token_ids"] == want and out["policy"] == "sage" and out["stats"]["new_tokens"] == len(want)
+    st = out["stats"]
+    assert st["draft_prompt_tokens"] < st["prompt_tokens"] and st["draft_forwards"] > st["steps"]
