@@ -84,10 +84,13 @@ class Stats:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
+        pruned = (f" | the draft read {self.draft_prompt_tokens} of {self.prompt_tokens} prompt tokens"
+                  if 0 < self.draft_prompt_tokens < self.prompt_tokens else "")
         return (f"{self.new_tokens} tokens in {self.steps} steps | τ {self.mean_accepted:.2f} "
                 f"(τ+1 {self.mean_tokens_per_step:.2f}) | {self.tokens_per_second:.1f} tok/s decode | "
                 f"target fwd {self.target_forwards}, draft fwd {self.draft_forwards} | "
-                f"prefill {self.prefill_seconds:.2f}s, compile {self.compile_seconds:.1f}s ({self.compiles} compiles)")
+                f"prefill {self.prefill_seconds:.2f}s, compile {self.compile_seconds:.1f}s ({self.compiles} compiles)"
+                f"{pruned}")
 
 
 @dataclasses.dataclass
