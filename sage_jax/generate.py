@@ -2,7 +2,7 @@
 
     python -m sage_jax.generate [--target SPEC] [--draft SPEC | --draft-layers N] [--prompt TEXT]
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
-        [--policy {ar,chain,static,eagle2,sage}]
+        [--policy {ar,chain,static,eagle2,sage}] [--retrieval L]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
         [--seed S] [--compare] [--json]
 
@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--prune", choices=("attention", "uniform"), default="attention", help="which visual tokens the draft keeps: "
         "those the target's prefill attends to most, or evenly spaced ones")
     arg("--policy", choices=("ar", *POLICIES), default="sage")
+    arg("--retrieval", type=int, metavar="L", default=0, help="merge an L-token prompt-lookup chain into every "
+        "tree (copy-heavy prompts: rewrite, fix this code; 0 = off, at most the policy's depth cap)")
     arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; plain decoding when "
         "no tree pays), static (the policy's full tree) or NODES,DEPTH")
     arg("--max-new-tokens", type=int, metavar="N", default=128)
@@ -78,6 +80,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise cli.BadInput(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.draft is not None and args.draft_layers is not None:
         raise cli.BadInput("give either --draft or --draft-layers, not both")
+    if args.retrieval:
+        if args.policy == "ar":
+            raise cli.BadInput("--retrieval needs a tree policy, not --policy ar")
+        try:
+            args.policy_obj = TreePolicy.named(args.policy, retrieval=args.retrieval)
+        except ValueError as e:
+            raise cli.BadInput(f"--retrieval: {e}") from None
     if args.draft_layers is not None and args.draft_layers < 1:
         raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
     from sage_jax.decoding import budget
@@ -136,8 +145,9 @@ def run(args: argparse.Namespace) -> dict:
         else:
             prompt = ids = engine.encode(args.prompt)
             visual = 0
-        for policy in {args.policy, "ar"} if args.compare else {args.policy}:
-            engine.check_fits(len(ids), args.max_new_tokens, policy, visual)
+        policy = getattr(args, "policy_obj", None) or args.policy
+        for p in [policy, "ar"] if args.compare else [policy]:
+            engine.check_fits(len(ids), args.max_new_tokens, p, visual)
         if isinstance(args.budget, tuple) and args.policy != "ar":
             pol = TreePolicy.named(args.policy)
             if args.budget[0] > pol.n_max or args.budget[1] > pol.d_cap:
@@ -148,7 +158,7 @@ def run(args: argparse.Namespace) -> dict:
     of = f", {visual} of them visual" if visual else ""
     print(f"generating with policy {args.policy} ({len(ids)} prompt tokens{of}; the first run compiles"
           f"{', and measures this device for --budget auto' if args.budget == 'auto' else ''})", file=sys.stderr)
-    gen = engine.generate([prompt], policy=args.policy, budget=args.budget, **kw)
+    gen = engine.generate([prompt], policy=policy, budget=args.budget, **kw)
     if gen.stats.budget == (0, 0):
         print(f"--budget auto: no {args.policy} tree is predicted to pay on this device; decoded plainly",
               file=sys.stderr)

@@ -43,6 +43,8 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = ()) ->
            Method("static", "ours", static, budget=None),
            Method("eagle2", "ours", TreePolicy.eagle2(), budget=budget),
            Method("sage", "ours", TreePolicy.sage(), budget=budget),
+           # SAGE with an 8-token prompt-lookup chain merged into its trees (decoding/retrieval.py)
+           Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=8), budget=budget),
            # the same node budget as the static tree: the like-for-like τ comparison
            Method(f"sage@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max), budget=None)]
     if ablations:

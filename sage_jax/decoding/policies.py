@@ -42,6 +42,8 @@ class TreePolicy:
       parent_prob: "local" (default) or "cumulative" probability of the parent in the width decay.
       adapt_depth / adapt_width: ablations; when off, that dimension uses α = 0.5.
       history: the sliding-window hysteresis on D_max (window, low, high; ±1 per step, floor d_min+1, cap d_cap).
+      retrieval: L, the length of a prompt-lookup chain merged into every tree (`retrieval.py`; 0 = off,
+        at most d_cap); the verified tree then has up to L more nodes.
     """
 
     name: PolicyName = "sage"
@@ -65,6 +67,7 @@ class TreePolicy:
     history_window: int = 10
     history_low: float = 2.0
     history_high: float = 3.0
+    retrieval: int = 0
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -77,30 +80,32 @@ class TreePolicy:
             tree_lib.template_tables(self.template, self.frontier, self.top_k, self.d_cap)  # validates
         if not 1 <= self.d_min <= self.d_max <= self.d_cap:
             raise ValueError(f"need 1 <= d_min <= d_max <= d_cap, got {self.d_min}, {self.d_max}, {self.d_cap}")
+        if not 0 <= self.retrieval <= self.d_cap:
+            raise ValueError(f"retrieval chain length must lie in [0, d_cap={self.d_cap}], got {self.retrieval}")
         if not 1 <= self.w_min <= self.w_max <= self.top_k:
             raise ValueError(f"need 1 <= w_min <= w_max <= top_k, got {self.w_min}, {self.w_max}, {self.top_k}")
 
     # ------------------------------------------------------------------ presets
 
     @classmethod
-    def chain(cls, depth: int = 5) -> TreePolicy:
+    def chain(cls, depth: int = 5, **kw) -> TreePolicy:
         """SD-Chain: a fixed linear draft of `depth` tokens (SpecVLM's 5)."""
         return cls(name="chain", n_max=depth, d_cap=depth, frontier=1, template=tree_lib.chain_template(depth),
-                   d_min=1, d_max=depth)
+                   d_min=1, d_max=depth, **kw)
 
     @classmethod
-    def static(cls, template: tuple[tuple[int, ...], ...] = tree_lib.MC_SIM_7B_63) -> TreePolicy:
+    def static(cls, template: tuple[tuple[int, ...], ...] = tree_lib.MC_SIM_7B_63, **kw) -> TreePolicy:
         """SD-Tree: EAGLE-1's `mc_sim_7b_63` (25 nodes, depth 5)."""
         depth = max(len(c) for c in template)
         width = max(sum(1 for c in template if len(c) == d) for d in range(depth + 1))
         return cls(name="static", n_max=len(template), d_cap=depth, frontier=max(width, 1), template=template,
-                   d_min=1, d_max=depth)
+                   d_min=1, d_max=depth, **kw)
 
     @classmethod
-    def eagle2(cls, n_max: int = 60, depth: int = 6, top_k: int = 10) -> TreePolicy:
+    def eagle2(cls, n_max: int = 60, depth: int = 6, top_k: int = 10, **kw) -> TreePolicy:
         """EAGLE-2: beam of top_k by cumulative log-prob per level, global rerank to n_max."""
         return cls(name="eagle2", n_max=n_max, d_cap=depth, frontier=top_k, top_k=top_k,
-                   d_min=1, d_max=depth, w_min=1, w_max=top_k)
+                   d_min=1, d_max=depth, w_min=1, w_max=top_k, **kw)
 
     @classmethod
     def sage(cls, **kw) -> TreePolicy:
@@ -121,6 +126,11 @@ class TreePolicy:
         if self.name == "eagle2":
             return 1 + self.top_k + (self.d_cap - 1) * self.frontier * self.top_k
         return 1 + self.n_max
+
+    @property
+    def tree_size(self) -> int:
+        """Slots of the verified tree: the root, n_max draft nodes and the retrieval chain's room."""
+        return 1 + self.n_max + self.retrieval
 
     @property
     def per_level(self) -> int:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies, sampling, visual_pruning, widths
+from sage_jax.decoding import policies, retrieval, sampling, visual_pruning, widths
 from sage_jax.decoding import verify as verify_lib
 from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
 from sage_jax.decoding.drafters import Drafter
@@ -48,7 +48,7 @@ class SpecConfig(ARConfig):
     def capacity(self) -> int:
         """Cache slots: prompt, output, and the largest write past the committed prefix in one step."""
         p = self.policy
-        return self.prompt_len + self.max_new_tokens + max(p.n_max + 1, p.draft_slots, p.d_cap + 1) + 1
+        return self.prompt_len + self.max_new_tokens + max(p.tree_size, p.draft_slots, p.d_cap + 1) + 1
 
     @property
     def draft_capacity(self) -> int:
@@ -68,7 +68,8 @@ class SpecState:
       out: [B, out] generated tokens (out = max_new + A).  n_gen: [B].  done: [B].  max_new: [B] per-row limit.
       length: [B] target cache slots committed (the root sits at slot `length`).  pad: [B] left padding.
       delta: [B] position delta: target slot s past the prompt sits at position s - pad + delta.
-      root: [B] last committed token (not yet in the target cache).
+      root: [B] last committed token (not yet in the target cache).  prompt: [B, T] the prompt's tokens (where
+        retrieval branches look, with `out`).
       pending: [B, A] tokens the draft has not seen, `n_pending` [B] of them, from draft slot `length_d` on;
         `pending_feat` [B, A, X]: the target's feature of each one's predecessor (X = 0 for LM drafts).
       pad_d, delta_d: [B] the draft's own left padding and position delta: its prompt is shorter than the
@@ -95,6 +96,7 @@ class SpecState:
     pad: Int[Array, " B"]
     delta: Int[Array, " B"]
     root: Int[Array, " B"]
+    prompt: Int[Array, "B T"]
     pending: Int[Array, "B A"]
     pending_feat: Float[Array, "B A X"]
     n_pending: Int[Array, " B"]
@@ -156,7 +158,7 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
     d_budget = jnp.full((b,), pol.d_cap, jnp.int32) if d_budget is None else d_budget
     return SpecState(
         out=out, n_gen=jnp.ones((b,), jnp.int32), done=is_eos(first, cfg.eos_ids) | (max_new <= 1),
-        max_new=max_new, length=jnp.full((b,), t, jnp.int32), pad=pad, delta=delta, root=first,
+        max_new=max_new, length=jnp.full((b,), t, jnp.int32), pad=pad, delta=delta, root=first, prompt=tokens,
         pending=jnp.zeros((b, a), jnp.int32).at[:, 0].set(first), pending_feat=feat,
         n_pending=jnp.ones((b,), jnp.int32), length_d=jnp.full((b,), t_d, jnp.int32), pad_d=pad_d,
         delta_d=delta_d, t_cache=t_cache, d_cache=d_cache, key=key,
@@ -263,8 +265,18 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
     tree, pool, cache, n_levels, level_width = build_tree(
         pol, drafter, cache, s.root, root_logq, alpha, root_feat, shape, root_slot, s.pad_d,
         budget=s.n_budget, bucket_ratio=cfg.bucket_ratio, delta=s.delta_d)
+    if pol.retrieval:
+        tree = retrieval.merge(retrieval.widen(tree, pol.retrieval), *_lookup(pol.retrieval, s))
     return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
                  width=cu_width + level_width)
+
+
+def _lookup(length: int, s: SpecState) -> tuple[Int[Array, "B L"], Int[Array, " B"]]:
+    """Prompt-lookup candidates from the prompt and the tokens generated so far (the newest is the root)."""
+    t, o = s.prompt.shape[1], s.out.shape[1]
+    history = jnp.concatenate([s.prompt, s.out], axis=1)
+    valid = jnp.concatenate([jnp.arange(t)[None] >= s.pad[:, None], jnp.arange(o)[None] < s.n_gen[:, None]], 1)
+    return retrieval.lookup(history, valid, t + s.n_gen - 1, length)
 
 
 # ******** Verify: one target forward over root + tree, at the smallest width holding its nodes. ********

@@ -162,6 +162,7 @@ BAD = {
     "pallas_not_yet": (["--attention", "pallas"], "unrecognized arguments: --attention"),
     "unknown_flag": (["--beam-width", "4"], "unrecognized"),
     "prune_ratio": (["--prune-ratio", "0.8,2"], "--prune-ratio"),
+    "retrieval_too_long": (["--retrieval", "99"], "--retrieval"),
     "video_image_only": (["--target", "{image_only}", "--video", "{root}/clip.npy"], "images only"),
     "visual_tokens_too_many": (["--target", "{image_only}", "--image", "{root}/cat.png", "--max-new-tokens", "4"],
                                "visual tokens"),

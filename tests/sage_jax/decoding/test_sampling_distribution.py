@@ -23,6 +23,8 @@ POLICIES = {
     "static": TreePolicy.static(),
     "eagle2": TreePolicy.eagle2(n_max=8, depth=3, top_k=4),
     "sage": TreePolicy.sage(n_max=12, frontier=4, d_cap=4, d_min=1, d_max=3),
+    # with a prompt-lookup chain: over 12 tokens its 1-gram lookups match often, so its nodes are really verified
+    "static+retrieval": TreePolicy.static(retrieval=3),
 }
 
 

@@ -1,0 +1,80 @@
+"""Retrieval branches: prompt-lookup candidates merged into the draft's tree, verified in the same forward.
+
+Copy-heavy requests (rewrite, summarise, fix this code) repeat runs of their prompt. Each step looks up the
+longest recent n-gram (n = 3, 2, 1) ending at the newest token in the prompt and the text generated so far, and
+proposes the L tokens that followed it there. The chain is merged into the draft's tree from the root: a token
+the draft already proposed under the same parent is reused, the rest become new nodes in L reserved slots (valid
+nodes stay packed at the front, parents before children, so the verify forward's width bucketing still holds).
+Acceptance treats the chain as any other deterministic candidates, so greedy and sampled decoding stay exact.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from sage_jax.decoding.tree import Tree
+
+NGRAMS = (3, 2, 1)  # tried longest first
+
+
+def lookup(history: Int[Array, "B H"], valid: Bool[Array, "B H"], end: Int[Array, " B"], length: int,
+           ngrams: tuple[int, ...] = NGRAMS) -> tuple[Int[Array, "B L"], Int[Array, " B"]]:
+    """The `length` tokens that followed the latest earlier occurrence of the n-gram ending at slot `end` (the
+    newest token), for the longest n in `ngrams` that occurs; (tokens [B, L], how many are real [B])."""
+    b, h = history.shape
+    j = jnp.arange(h, dtype=jnp.int32)[None]
+    found = jnp.zeros((b,), bool)
+    at = jnp.full((b,), -1, jnp.int32)
+    for n in ngrams:
+        match = valid & (j < end[:, None])  # candidate n-gram ends strictly before the newest token
+        for i in range(n):
+            q = jnp.take_along_axis(history, jnp.maximum(end - i, 0)[:, None], 1)  # query token i from the end
+            q_ok = jnp.take_along_axis(valid, jnp.maximum(end - i, 0)[:, None], 1)
+            shifted = jnp.roll(history, i, axis=1)  # shifted[:, j] = history[:, j - i]
+            ok = jnp.roll(valid, i, axis=1) & (j >= i)
+            match = match & ok & q_ok & (shifted == q) & (end[:, None] - i >= 0)
+        last = jnp.max(jnp.where(match, j, -1), axis=1)
+        take = ~found & (last >= 0)
+        at = jnp.where(take, last, at)
+        found = found | take
+    idx = at[:, None] + 1 + jnp.arange(length, dtype=jnp.int32)[None]
+    real = found[:, None] & (idx <= end[:, None])
+    real = real & jnp.take_along_axis(valid, jnp.clip(idx, 0, h - 1), 1)
+    real = jnp.cumprod(real, axis=1).astype(bool)  # a contiguous run from the first token
+    tokens = jnp.where(real, jnp.take_along_axis(history, jnp.clip(idx, 0, h - 1), 1), 0)
+    return tokens, jnp.sum(real, axis=1).astype(jnp.int32)
+
+
+def widen(tree: Tree, extra: int) -> Tree:
+    """`tree` with `extra` empty slots appended (the room a retrieval chain may need)."""
+    pad = lambda a, v: jnp.pad(a, ((0, 0), (0, extra)), constant_values=v)  # noqa: E731
+    return Tree(tokens=pad(tree.tokens, 0), parent=pad(tree.parent, -1), depth=pad(tree.depth, 0),
+                logp=pad(tree.logp, -jnp.inf), valid=pad(tree.valid, False),
+                ancestors=jnp.pad(tree.ancestors, ((0, 0), (0, extra), (0, extra))))
+
+
+def merge(tree: Tree, cand: Int[Array, "B L"], n_cand: Int[Array, " B"]) -> Tree:
+    """Merges each row's chain `cand[:n_cand]` into `tree` (which has room for it: `widen`), from the root."""
+    b, w = tree.tokens.shape
+    rows = jnp.arange(b)
+    cur = jnp.zeros((b,), jnp.int32)  # the chain's node at the current depth (root first)
+    count = jnp.sum(tree.valid, axis=1).astype(jnp.int32)
+    for d in range(cand.shape[1]):
+        on = d < n_cand
+        tok = cand[:, d]
+        same = tree.valid & (tree.parent == cur[:, None]) & (tree.tokens == tok[:, None])
+        have = jnp.any(same, axis=1)
+        existing = jnp.argmax(same, axis=1).astype(jnp.int32)
+        new = on & ~have
+        slot = jnp.where(new, count, w)  # w = dropped by the scatters
+        anc = jnp.take_along_axis(tree.ancestors, cur[:, None, None], 1)[:, 0] | (jnp.arange(w)[None] == slot[:, None])
+        put = lambda a, v, s=slot: a.at[rows, s].set(v, mode="drop")  # noqa: E731
+        tree = Tree(tokens=put(tree.tokens, tok), parent=put(tree.parent, cur),
+                    depth=put(tree.depth, jnp.take_along_axis(tree.depth, cur[:, None], 1)[:, 0] + 1),
+                    logp=put(tree.logp, jnp.take_along_axis(tree.logp, cur[:, None], 1)[:, 0]),
+                    valid=put(tree.valid, jnp.ones((b,), bool)),
+                    ancestors=tree.ancestors.at[rows, slot].set(anc, mode="drop"))
+        count = count + new
+        cur = jnp.where(on, jnp.where(have, existing, slot), cur)
+    return tree
