@@ -1,7 +1,8 @@
 """The project's two fixed sets of held-out chat prompts, hand-written here and never used for draft training.
 
 `EVAL_PROMPTS` (24) are the draft-acceptance check's (`python -m sage_jax.evaluate_draft`); `BENCH_PROMPTS` (32)
-are the speed benchmark's (`python -m sage_jax.bench`). Several kinds, because acceptance depends on how predictable
+are the speed benchmark's (`python -m sage_jax.bench`), `COPY_PROMPTS` (8) its copy-heavy set (`--prompt-set
+copy`). Several kinds, because acceptance depends on how predictable
 the answer is: code, explanations, rewriting (copy-heavy), lists, math, summaries, advice. Training data keeps their
 topics out (`training/wordnet.py`), and `tests/sage_jax/training` checks that no training prompt contains one.
 """
@@ -71,6 +72,33 @@ BENCH_PROMPTS: tuple[tuple[str, str], ...] = (
     ("advice", "How can I sleep better at night? Give practical tips."),
     ("advice", "What should I consider when buying a used car?"),
     ("advice", "How do I prepare for a job interview?"),
+)
+
+
+_PASSAGE = ("Speculative decoding lets a small draft model propose several tokens that a large target model then "
+            "checks in a single forward pass. Every proposed token the target agrees with is kept, so the output is "
+            "exactly what the target alone would have written, only produced in fewer sequential steps.")
+_CODE = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)"
+         "\n\n\ndef variance(values):\n    m = mean(values)\n    return sum((v - m) ** 2 for v in values) / "
+         "len(values)\n")
+
+# Copy-heavy requests: the answer repeats long runs of the prompt (what retrieval branches are for). Not in
+# `held_out_texts` (whose words the WordNet prompts avoid), so that the shipped head's recipe still reproduces it;
+# the next training data must keep these texts out itself.
+COPY_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("repeat", f"Repeat the following paragraph exactly, word for word:\n\n{_PASSAGE}"),
+    ("edit", f"Rewrite this paragraph, replacing every 'target' with 'verifier' and changing nothing else:\n\n"
+             f"{_PASSAGE}"),
+    ("edit", f"Add a docstring to each function and print the whole code:\n\n```python\n{_CODE}```"),
+    ("fix", "Fix the bug in this code and print the whole corrected code:\n\n```python\ndef is_even(n):\n    "
+            "return n % 2 == 1\n\n\nfor i in range(5):\n    print(i, is_even(i))\n```"),
+    ("fix", "Correct the spelling mistakes and print the corrected text: Teh meeting will start at nine oclock "
+            "tomorow morning in the main confrence room. Please bring you're laptop and the quartely report."),
+    ("summary", f"Quote the first sentence of this paragraph, then summarize the rest in one sentence:\n\n"
+                f"{_PASSAGE}"),
+    ("edit", f"Rename the function mean to average everywhere and print the whole code:\n\n```python\n{_CODE}```"),
+    ("repeat", "Put this list in alphabetical order and print it: pear, apple, mango, cherry, banana, kiwi, grape, "
+               "lemon, orange, plum."),
 )
 
 

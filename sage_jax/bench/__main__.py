@@ -29,7 +29,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft-layers", type=int, default=10, help="layers of the self-draft / truncated LM draft")
     ap.add_argument("--draft-lm", help="LM draft for chain-lm and transformers' assisted generation (default: the "
                                        "target truncated to --draft-layers)")
-    ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all 32)")
+    ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all of the set)")
+    ap.add_argument("--prompt-set", choices=("chat", "copy"), default="chat", help="the held-out chat prompts "
+                    "(32) or the copy-heavy ones (8: repeat, edit, fix, quote; where retrieval branches pay)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budget", default="auto", help="tree budget: auto (measured cost profile), static, or N,D")
     ap.add_argument("--methods", help="comma-separated subset of methods (ar is always included)")

@@ -14,7 +14,7 @@ import tempfile
 
 from configs import cli
 from sage_jax.bench import methods as M
-from sage_jax.prompts import bench_prompts
+from sage_jax.prompts import COPY_PROMPTS, bench_prompts
 
 
 @dataclasses.dataclass
@@ -84,7 +84,8 @@ def build(args: argparse.Namespace) -> Suite:
             n_lm = args.draft_layers if draft_lm is None else draft_lm.config.n_layers
             lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm)) if draft_lm is None
                          else Engine(engine.target, draft_lm))
-        prompts = [engine.encode(p) for p in bench_prompts()]
+        texts = bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS]
+        prompts = [engine.encode(p) for p in texts]
     methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep)]
     if not args.no_hf:
         methods += M.hf_methods()
@@ -109,7 +110,7 @@ def build(args: argparse.Namespace) -> Suite:
         profile = engine.chooser(sage.policy, max(len(p) for p in prompts), args.max_new_tokens).profile.to_json()
     lm_desc = args.draft_lm or f"self ({n_lm} layers)"
     title = (f"{'tiny random target (--quick)' if args.quick else 'SmolLM2-135M-Instruct'}, greedy, "
-             f"{args.max_new_tokens} new tokens, {len(prompts)} prompts; draft {engine.description}; "
+             f"{args.max_new_tokens} new tokens, {len(prompts)} {args.prompt_set} prompts; draft {engine.description}; "
              f"LM draft {lm_desc}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile)
 

@@ -18,6 +18,10 @@ def test_prompt_suite_is_held_out_and_varied():
     assert len(set(bench_prompts())) == len(BENCH_PROMPTS)
     assert not {t for _, t in BENCH_PROMPTS} & {t for _, t in EVAL_PROMPTS}
     assert len({k for k, t in BENCH_PROMPTS if t in bench_prompts(6)}) == 6  # a prefix covers every kind
+    from sage_jax.prompts import COPY_PROMPTS, held_out_texts
+
+    copy = [t for _, t in COPY_PROMPTS]
+    assert len(set(copy)) == len(copy) >= 8 and not set(copy) & set(held_out_texts())
 
 
 @pytest.mark.parametrize("argv, msg", [
