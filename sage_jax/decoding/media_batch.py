@@ -97,7 +97,7 @@ def media(vlm, draft_vlm, prompts: VisionPrompts, width: int, pad_id: int, keep:
     rows = []
     for item, ids in zip(prompts.items, prompts.ids, strict=True):
         if id(item) not in memo:
-            padded = dict((k, v) for k, v in item.items() if k not in _TEXT_KEYS)
+            padded = {k: v for k, v in item.items() if k not in _TEXT_KEYS}
             n = len(ids)
             padded["input_ids"] = np.full((1, width), pad_id, np.int64)
             padded["input_ids"][0, width - n:] = ids
