@@ -39,7 +39,8 @@ Dimension names, used in einsum strings, `jaxtyping` annotations and variable su
     A accepted-path slots (the root and up to d_cap accepted tokens)
     X features a drafter reads and predicts (D for an EAGLE head, 0 for an LM draft)
   Bookkeeping buffers are spelled out: out (generated tokens), steps (per-step traces), hist (the τ history),
-  ranks (node priority ranks).
+  ranks (node priority ranks), ctx (the prompt and output a retrieval lookup searches), chain (a retrieval
+  chain's tokens).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from sage_jax.decoding.tree import Tree
 NGRAMS = (3, 2, 1)  # tried longest first
 
 
-def lookup(history: Int[Array, "B H"], valid: Bool[Array, "B H"], end: Int[Array, " B"], length: int,
-           ngrams: tuple[int, ...] = NGRAMS) -> tuple[Int[Array, "B L"], Int[Array, " B"]]:
+def lookup(history: Int[Array, "B ctx"], valid: Bool[Array, "B ctx"], end: Int[Array, " B"], length: int,
+           ngrams: tuple[int, ...] = NGRAMS) -> tuple[Int[Array, "B chain"], Int[Array, " B"]]:
     """The `length` tokens that followed the latest earlier occurrence of the n-gram ending at slot `end` (the
     newest token), for the longest n in `ngrams` that occurs; (tokens [B, L], how many are real [B])."""
     b, h = history.shape
@@ -54,7 +54,7 @@ def widen(tree: Tree, extra: int) -> Tree:
                 ancestors=jnp.pad(tree.ancestors, ((0, 0), (0, extra), (0, extra))))
 
 
-def merge(tree: Tree, cand: Int[Array, "B L"], n_cand: Int[Array, " B"]) -> Tree:
+def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"]) -> Tree:
     """Merges each row's chain `cand[:n_cand]` into `tree` (which has room for it: `widen`), from the root."""
     b, w = tree.tokens.shape
     rows = jnp.arange(b)

@@ -271,7 +271,7 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
                  width=cu_width + level_width)
 
 
-def _lookup(length: int, s: SpecState) -> tuple[Int[Array, "B L"], Int[Array, " B"]]:
+def _lookup(length: int, s: SpecState) -> tuple[Int[Array, "B chain"], Int[Array, " B"]]:
     """Prompt-lookup candidates from the prompt and the tokens generated so far (the newest is the root)."""
     t, o = s.prompt.shape[1], s.out.shape[1]
     history = jnp.concatenate([s.prompt, s.out], axis=1)
