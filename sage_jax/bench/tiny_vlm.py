@@ -26,7 +26,9 @@ _MARKS = {"qwen2_5_vl": ("<|vision_start|><|image_pad|><|vision_end|>", "<|visio
           "llava_onevision": ("<image>", "<video>")}
 
 
-def _vlm_tokenizer(arch: str):
+def vlm_tokenizer(arch: str):
+    """A byte-level BPE tokenizer of VOCAB ids whose special tokens are the tiny configs' ids, with a chat
+    template writing the family's image / video placeholders."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -103,4 +105,4 @@ def tiny_vlm(arch: str, seed: int, directory, *, scale: float = 4.0, d_model: in
         nnx.update(module, params)
     directory = str(directory)
     _vlm_processor(arch, directory, max_pixels)
-    return VisionLM(module, _vlm_tokenizer(arch), processor_dir=directory, source=f"tiny {arch}")
+    return VisionLM(module, vlm_tokenizer(arch), processor_dir=directory, source=f"tiny {arch}")

@@ -14,37 +14,18 @@ import pytest
 
 import sage_jax
 from sage_jax import convert
+from sage_jax.bench import tiny_vlm
 from sage_jax.models.vision_lm import VisionLM
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>",
-           "<|vision_end|>", "<image>", "<video>"]
-VOCAB = 320
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
-            "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE{% elif c['type'] == 'video' %}"
-            "VIDEO{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-MARKS = {"qwen": ("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"),
-         "llava": ("<image>", "<video>")}
+VOCAB = tiny_vlm.VOCAB
 
 
 def _tokenizer(family):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["Describe the picture in one sentence.", "What is shown here? A cat on a mat."] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=VOCAB - 8, special_tokens=SPECIAL,
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                                  pad_token="<|endoftext|>")
-    image, video = MARKS[family]
-    hf_tok.chat_template = TEMPLATE.replace("IMAGE", image).replace("VIDEO", video)
-    assert len(hf_tok) <= VOCAB
-    return hf_tok
+    """The tiny VLMs' tokenizer (special ids 0..8, a chat template with the family's placeholders)."""
+    return tiny_vlm.vlm_tokenizer({"qwen": "qwen2_5_vl", "llava": "llava_onevision"}[family])
 
 
 def _perturbed(model):
