@@ -38,6 +38,7 @@ Dimension names, used in einsum strings, `jaxtyping` annotations and variable su
     R frontier: the nodes one draft level expands        J children considered per expanded node (top-k)
     A accepted-path slots (the root and up to d_cap accepted tokens)
     X features a drafter reads and predicts (D for an EAGLE head, 0 for an LM draft)
+    Z tapped target features: the inputs of the layers an EAGLE-3-style head fuses, concatenated (taps·D)
   Bookkeeping buffers are spelled out: out (generated tokens), steps (per-step traces), hist (the τ history),
   ranks (node priority ranks), ctx (the prompt and output a retrieval lookup searches), chain (a retrieval
   chain's tokens).

@@ -356,9 +356,10 @@ class Engine:
         cfg, tokens, pad, media = self._inputs(_Batch(ids=vis.ids, vision=vis, keep=keep, draft_lens=lens), policy,
                                                max_new_tokens)
         spec_d, b = self.draft_spec, len(vis.ids)
+        taps = getattr(self._lm_d, "taps", ())  # an EAGLE-3-style head reads tapped layer inputs
 
         def target(lm_t, tokens, pad, media):
-            return spec.target_prefill_media(cfg, lm_t, tokens, pad, media, lm_t.init_cache(b, cfg.capacity))
+            return spec.target_prefill_media(cfg, lm_t, tokens, pad, media, lm_t.init_cache(b, cfg.capacity), taps)
 
         def draft(lm_t, lm_d, tokens, pad, media, hidden, keep):
             drafter = build_drafter(spec_d, lm_t, lm_d)
@@ -368,11 +369,11 @@ class Engine:
         key = ("time_prefill", cfg, spec_d, b)
         if key not in self._timers:
             t_fn = jax.jit(target).lower(self._lm_t, tokens, pad, media).compile()
-            hidden, _, kept = t_fn(self._lm_t, tokens, pad, media)
+            _, _, kept, hidden = t_fn(self._lm_t, tokens, pad, media)
             d_fn = jax.jit(draft).lower(self._lm_t, self._lm_d, tokens, pad, media, hidden, kept).compile()
             self._timers[key] = (t_fn, d_fn, _flops(t_fn), _flops(d_fn))
         t_fn, d_fn, t_flops, d_flops = self._timers[key]
-        hidden, _, kept = jax.block_until_ready(t_fn(self._lm_t, tokens, pad, media))
+        _, _, kept, hidden = jax.block_until_ready(t_fn(self._lm_t, tokens, pad, media))
 
         def median(fn, *a):
             times = []
@@ -514,8 +515,9 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         d, desc = draft, f"{'VLM' if isinstance(draft, VisionLM) else 'LM'} {draft.source or 'in memory'}"
     elif store.kind_of(draft) == store.HEAD_KIND:
         serving = lm_t.serving()
-        cfg, params, vocab_ids, _ = store.load_head(draft, dtype=serving.cfg.dtype)
-        d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head)
+        cfg, params, vocab_ids, meta = store.load_head(draft, dtype=serving.cfg.dtype)
+        d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head,
+                               taps=store.head_taps(meta))
         desc = "shipped EAGLE head (smollm2_eagle)" if shipped else f"EAGLE head {os.fspath(draft)}"
     else:
         d = loader.load(draft, dtype=dtype, mesh=mesh)

@@ -50,16 +50,16 @@ def prompt_layout(tokens: Int[Array, "B T"], pad: Int[Array, " B"], capacity: in
 
 
 def prefill(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], cache: KVCache, media: Media | None = None,
-            probe: Probe | None = None):
+            probe: Probe | None = None, *, taps: tuple[int, ...] = ()):
     """Runs a left-padded prompt through the model into slots [0, T); returns every slot's hidden state and the
-    cache (and with a `probe`, the probe's attention to every slot: `LM.forward`). With `media`, the model reads
-    its embeddings and positions instead of the tokens'."""
+    cache (and with a `probe`, the probe's attention to every slot; with `taps`, the tapped layer inputs last:
+    `LM.forward`). With `media`, the model reads its embeddings and positions instead of the tokens'."""
     positions, mask = prompt_layout(tokens, pad, cache.capacity)
     zeros = jnp.zeros(tokens.shape[:1], jnp.int32)
     if media is None:
-        return model.forward(tokens, positions, mask, cache, zeros, probe=probe)
+        return model.forward(tokens, positions, mask, cache, zeros, probe=probe, taps=taps)
     return model.forward(None, media.positions, mask, cache, zeros, embeddings=media.embeddings.astype(
-        jnp.dtype(model.cfg.dtype)), probe=probe)
+        jnp.dtype(model.cfg.dtype)), probe=probe, taps=taps)
 
 
 def is_eos(tokens: Int[Array, "..."], eos_ids: tuple[int, ...]) -> Bool[Array, "..."]:

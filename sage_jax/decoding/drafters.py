@@ -2,7 +2,9 @@
 KV cache).
 
 Every drafter also takes and returns *features* (width X): an EAGLE-style head reads the target's feature of the
-previous token and predicts the next one (X = D); LM drafts carry features of width 0 (free). Kinds: a separate
+previous token and predicts the next one (X = D); LM drafts carry features of width 0 (free). What the target
+provides are its last hidden states, or for an EAGLE-3-style head the inputs of the layers it `taps` ([.., Z]);
+`read` turns them into the drafter's X-wide features (its `fuse` projection). Kinds: a separate
 smaller LM with the target's tokenizer (the paper's setting), a training-free self-draft (the target's first
 `n_layers` layers + its final norm and head), and an EAGLE-style head (`models/eagle_head.py`).
 """
@@ -45,17 +47,23 @@ class DraftSpec:
 class Drafter(Protocol):
     """What the decoding loops call; built inside the traced function from serving-form models (`build_drafter`).
 
-    Attributes: feature_dim, the width X of the features it reads and predicts.
+    Attributes: feature_dim, the width X of the features it reads and predicts; taps, the target layers whose
+    inputs it reads (`LM.forward(taps=...)`; () = the target's last hidden state).
     """
 
     feature_dim: int
+    taps: tuple[int, ...]
+
+    def read(self, target_features: Float[Array, "B T Z"]) -> Float[Array, "B T X"]:
+        """The target's features (last hidden states, or the tapped layer inputs) -> the drafter's width X."""
 
     def init_cache(self, batch: int, capacity: int) -> KVCache: ...
 
     def prefill(self, tokens: Int[Array, "B T"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
                 mask: Bool[Array, "B T S"], target_hidden: Float[Array, "B T D"], cache: KVCache, *,
                 embeddings: Float[Array, "B T D"] | None = None) -> KVCache:
-        """Writes the prompt into the draft cache at slots [0, T) (`target_hidden`: the target's features of it;
+        """Writes the prompt into the draft cache at slots [0, T) (`target_hidden`: the target's features of it, as
+        `read` takes them;
         `embeddings`: the input embeddings of a multimodal prompt, read instead of the tokens')."""
 
     def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T X"], positions: Int[Array, "B T"],
@@ -89,6 +97,10 @@ class LMDrafter:
 
     model: LM
     feature_dim = 0
+    taps = ()
+
+    def read(self, target_features):
+        return target_features[..., :0]
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         return self.model.init_cache(batch, capacity)
@@ -117,6 +129,13 @@ class EagleDrafter:
     def feature_dim(self) -> int:
         return self.target.cfg.d_model
 
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return self.weights.taps
+
+    def read(self, target_features):
+        return eagle_head.fuse_features(self.weights.head, target_features)
+
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         return eagle_head.init_cache(self.weights.cfg, batch, capacity)
 
@@ -126,7 +145,8 @@ class EagleDrafter:
         w, t = self.weights, self.target
         if positions.ndim == 3 and not w.cfg.rope.mrope_section:
             positions = positions[..., 0]
-        _, cache = eagle_head.eagle_features(w.head, w.cfg, t.embed, tokens, eagle_head.shift_features(target_hidden),
+        feats = eagle_head.shift_features(self.read(target_hidden))
+        _, cache = eagle_head.eagle_features(w.head, w.cfg, t.embed, tokens, feats,
                                              positions, mask, cache, jnp.zeros(tokens.shape[:1], jnp.int32),
                                              embeddings=embeddings)
         return cache

@@ -141,17 +141,19 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
     d_cache = drafter.init_cache(b, cfg.draft_capacity)
     delta = jnp.zeros((b,), jnp.int32)
     if media is None:
-        hidden, t_cache = prefill(target, tokens, pad, t_cache)
+        hidden, t_cache, *tapped = prefill(target, tokens, pad, t_cache, taps=drafter.taps)
+        feats = tapped[0] if drafter.taps else hidden
         positions, mask = prompt_layout(tokens, pad, cfg.capacity)
-        d_cache = drafter.prefill(tokens, positions, mask, hidden, d_cache)
+        d_cache = drafter.prefill(tokens, positions, mask, feats, d_cache)
         pad_d, delta_d, t_d = pad, delta, t
     else:
-        hidden, t_cache, keep = target_prefill_media(cfg, target, tokens, pad, media, t_cache)
-        pad_d, delta_d, d_cache = draft_prefill_media(cfg, drafter, tokens, pad, media, hidden, keep, d_cache)
+        hidden, t_cache, keep, feats = target_prefill_media(cfg, target, tokens, pad, media, t_cache, drafter.taps)
+        pad_d, delta_d, d_cache = draft_prefill_media(cfg, drafter, tokens, pad, media, feats, keep, d_cache)
         delta, t_d = media.delta.astype(jnp.int32), cfg.draft_prompt_len or t
     key, sub = jax.random.split(key)
     first = sampling.sample(sub, target.head(hidden[:, -1:])[:, 0], temperature, cfg.sampling)
-    feat = jnp.zeros((b, a, drafter.feature_dim), hidden.dtype).at[:, 0].set(hidden[:, -1, : drafter.feature_dim])
+    root_feat = drafter.read(feats[:, -1:])[:, 0]
+    feat = jnp.zeros((b, a, drafter.feature_dim), root_feat.dtype).at[:, 0].set(root_feat)
     out = jnp.full((b, cfg.max_new_tokens + a), cfg.pad_id, jnp.int32).at[:, 0].set(first)
     n_steps = cfg.max_steps
     n_budget = jnp.full((b,), pol.n_max, jnp.int32) if n_budget is None else n_budget
@@ -175,28 +177,30 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
 
 
 def target_prefill_media(cfg: SpecConfig, target: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
-                         media: visual_pruning.Media, t_cache: KVCache
-                         ) -> tuple[Float[Array, "B T D"], KVCache, Bool[Array, "B T"]]:
+                         media: visual_pruning.Media, t_cache: KVCache, taps: tuple[int, ...] = ()
+                         ) -> tuple[Float[Array, "B T D"], KVCache, Bool[Array, "B T"], Float[Array, "B T Z"]]:
     """The target's prefill over every visual token, and which prompt slots the draft keeps (ranked by this
-    prefill's attention for `prune="attention"`): (hidden, cache, keep [B, T])."""
+    prefill's attention for `prune="attention"`): (hidden, cache, keep [B, T], the features the draft reads:
+    the inputs of the `taps` layers, or `hidden` without taps)."""
     t = tokens.shape[1]
     slot = jnp.arange(t, dtype=jnp.int32)[None]
-    if not cfg.draft_prompt_len:  # nothing pruned: the draft reads the target's prompt as it is
-        hidden, t_cache = prefill(target, tokens, pad, t_cache, media)
-        return hidden, t_cache, slot >= pad[:, None]
-    if cfg.prune == "attention":
+    probe = None
+    if cfg.draft_prompt_len and cfg.prune == "attention":
         probe = visual_pruning.probe_rows(media.kind, pad)
-        hidden, t_cache, score = prefill(target, tokens, pad, t_cache, media, probe)
-        return hidden, t_cache, visual_pruning.keep_mask(cfg.prune, media.kind, pad, media.keep, score[:, :t])
-    hidden, t_cache = prefill(target, tokens, pad, t_cache, media)
-    return hidden, t_cache, visual_pruning.keep_mask(cfg.prune, media.kind, pad, media.keep)
+    hidden, t_cache, *extra = prefill(target, tokens, pad, t_cache, media, probe, taps=taps)
+    feats = extra[-1] if taps else hidden
+    if not cfg.draft_prompt_len:  # nothing pruned: the draft reads the target's prompt as it is
+        return hidden, t_cache, slot >= pad[:, None], feats
+    score = extra[0][:, :t] if probe is not None else None
+    return hidden, t_cache, visual_pruning.keep_mask(cfg.prune, media.kind, pad, media.keep, score), feats
 
 
 def draft_prefill_media(cfg: SpecConfig, drafter: Drafter, tokens: Int[Array, "B T"], pad: Int[Array, " B"],
-                        media: visual_pruning.Media, hidden: Float[Array, "B T D"], keep: Bool[Array, "B T"],
+                        media: visual_pruning.Media, hidden: Float[Array, "B T Z"], keep: Bool[Array, "B T"],
                         d_cache: KVCache) -> tuple[Int[Array, " B"], Int[Array, " B"], KVCache]:
-    """The draft's prefill over the kept slots, compacted to `cfg.draft_prompt_len` at their original positions:
-    (the draft's left padding, its position delta, its cache)."""
+    """The draft's prefill over the kept slots, compacted to `cfg.draft_prompt_len` at their original positions
+    (`hidden`: the target's features the draft reads): (the draft's left padding, its position delta, its
+    cache)."""
     t = tokens.shape[1]
     t_d = cfg.draft_prompt_len or t
     idx, pad_d = visual_pruning.compact_index(keep, t_d)
@@ -300,10 +304,11 @@ class Verdict:
     width: Int[Array, ""]
 
 
-def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, feature_dim: int, temperature: Float[Array, " B"],
+def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, drafter: Drafter, temperature: Float[Array, " B"],
            key: jax.Array) -> Verdict:
     """The target's forward over the tree (the cache is only read; `commit` writes the accepted rows), then greedy
-    acceptance, or for rows with T > 0 sequential rejection sampling (`verify.py`)."""
+    acceptance, or for rows with T > 0 sequential rejection sampling (`verify.py`). The accepted path's features
+    are what `drafter` reads (`Drafter.read` of the target's hidden states or tapped layer inputs)."""
     dc, capacity = cfg.policy.d_cap, s.t_cache.capacity
     n_tree = jnp.max(jnp.sum(tree.valid, 1))  # root included
     sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
@@ -315,13 +320,14 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, feature_dim: i
         def run():
             t = tree.prefix(w)
             positions = (s.length - s.pad + s.delta)[:, None] + t.depth
-            hidden, kv = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
-                                        s.t_cache, s.length, write=False)
+            hidden, kv, *tapped = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
+                                                 s.t_cache, s.length, write=False, taps=drafter.taps)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
-            return grow(hidden), grow(best), jax.tree.map(lambda x: grow(x, 2), kv), jnp.int32(w)
+            feats = tapped[0] if drafter.taps else hidden[..., :0]  # without taps the features are `hidden`'s
+            return (grow(hidden), grow(feats), grow(best), jax.tree.map(lambda x: grow(x, 2), kv), jnp.int32(w))
         return run
 
-    hidden, best, new_kv, width = widths.switch(n_tree, sizes, forward_at)
+    hidden, tapped, best, new_kv, width = widths.switch(n_tree, sizes, forward_at)
     greedy = verify_lib.accept_greedy_best(tree, best, dc)
 
     def sampled(_):  # T > 0 rows: the target's processed log-probs at the verified width, -inf padded
@@ -336,7 +342,7 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, feature_dim: i
         return tuple(jnp.where(pick.reshape((-1,) + (1,) * (g.ndim - 1)), x, g) for x, g in zip(drawn, greedy))
 
     path, tau, bonus = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda _: greedy, None)
-    path_feat = jnp.take_along_axis(hidden, path[:, :, None], 1)[..., :feature_dim]
+    path_feat = drafter.read(jnp.take_along_axis(tapped if drafter.taps else hidden, path[:, :, None], 1))
     return Verdict(path=path, tau=tau, bonus=bonus, path_feat=path_feat, new_kv=new_kv, width=width)
 
 
@@ -431,7 +437,7 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     active = ~s.done
     key, sub = jax.random.split(s.key)
     d = draft(cfg, drafter, s)
-    v = verify(cfg, target, s, d.tree, drafter.feature_dim, temperature, sub)
+    v = verify(cfg, target, s, d.tree, drafter, temperature, sub)
     s = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
     s = update_policy(cfg.policy, s, d, v, active)
     return record(cfg.policy, s, d, v, active)

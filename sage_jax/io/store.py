@@ -7,7 +7,8 @@ An LM (kind "lm")::
     CKPT/tokenizer/      tokenizer.json, tokenizer_config.json, chat_template.jinja (save_pretrained)
 
 A draft head (kind "eagle_head"): params {"head": <sage_jax/models/eagle_head.py layout>[, "vocab_ids": [Vd]]},
-metadata config {"head": LMConfig, "target": LMConfig or None, "vocab_size": Vd or 0}.
+metadata config {"head": LMConfig, "target": LMConfig or None, "vocab_size": Vd or 0, "taps": [layer ids] (an
+EAGLE-3-style head's fused target layers; [] or absent: the last hidden state)}.
 
 A draft of either kind may hold `acceptance.json`: per tree policy, its acceptance statistics on held-out prompts
 (`decoding.budget.AcceptanceStats`), the prior of `--budget auto` (`python -m sage_jax.evaluate_draft
@@ -132,19 +133,21 @@ def restore_module(path: str | os.PathLike, graphdef, state, mesh: jax.sharding.
 
 def save_head(path: str, head_cfg: LMConfig, head_params: Mapping[str, Any], *, target_cfg: LMConfig | None = None,
               vocab_ids=None, provenance: Mapping[str, Any] | None = None, overwrite: bool = False,
-              dtype: str | None = None) -> str:
-    """Writes an EAGLE-style head (kind "eagle_head", layout above); `dtype` e.g. "bfloat16". Returns the path."""
+              dtype: str | None = None, taps: tuple[int, ...] = ()) -> str:
+    """Writes an EAGLE-style head (kind "eagle_head", layout above; `taps`: the target layers an EAGLE-3-style
+    head fuses); `dtype` e.g. "bfloat16". Returns the path."""
     params = jax.tree.map(lambda x: np.asarray(x, jnp.dtype(dtype)) if dtype else np.asarray(x), dict(head_params))
     tree = {"head": params}
     if vocab_ids is not None:
         tree["vocab_ids"] = np.asarray(vocab_ids, np.int32)
     config = {"head": head_cfg.to_json(), "target": target_cfg.to_json() if target_cfg else None,
-              "vocab_size": 0 if vocab_ids is None else int(np.size(vocab_ids))}
+              "vocab_size": 0 if vocab_ids is None else int(np.size(vocab_ids)), "taps": [int(i) for i in taps]}
     return checkpoint.save(path, tree, config=config, kind=HEAD_KIND, provenance=provenance, overwrite=overwrite)
 
 
 def load_head(path: str | os.PathLike, *, dtype: str | None = "float32") -> tuple[LMConfig, dict, Any, dict]:
-    """(head config, head params, vocab ids or None, metadata) of a checkpoint written by `save_head`."""
+    """(head config, head params, vocab ids or None, metadata) of a checkpoint written by `save_head`; the taps
+    are `head_taps(metadata)`."""
     meta = checkpoint.read_metadata(path)
     if meta.get("kind") != HEAD_KIND:
         raise checkpoint.CheckpointError(f"{os.fspath(path)} holds a {meta.get('kind')!r} checkpoint, not an "
@@ -153,6 +156,11 @@ def load_head(path: str | os.PathLike, *, dtype: str | None = "float32") -> tupl
     cfg = LMConfig.from_json(meta["config"]["head"])
     params = tree["head"] if dtype is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), tree["head"])
     return cfg, params, tree.get("vocab_ids"), meta
+
+
+def head_taps(meta: Mapping[str, Any]) -> tuple[int, ...]:
+    """The target layers a head's metadata says it fuses (() for a plain EAGLE-style head)."""
+    return tuple(int(i) for i in meta["config"].get("taps") or ())
 
 
 def read_acceptance(path: str | os.PathLike) -> dict[str, Any]:

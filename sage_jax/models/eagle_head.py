@@ -6,6 +6,15 @@ final norm (what `Decoder.forward` / `LM.forward` return) and E the target's emb
 `fc` [2D -> D] and one pre-norm transformer layer (RoPE, GQA, its own one-layer KV cache) to f̂_t; the logits of
 x_{t+1} are the target's final norm + LM head applied to f̂_t.
 
+EAGLE-3-style heads (`taps`, a trainable `lm_head`) differ in two places, after EAGLE-3 (arXiv 2503.01840):
+* the feature the head reads where the TARGET provides it is not the last hidden state but the inputs of a low, a
+  middle and a high layer (`LM.forward(taps=...)`; for L = 30 layers 2, 15 and 27, HF's `hidden_states[2, 15,
+  27]`), concatenated [Z = 3D] and projected back to D by `fuse` (`fuse_features`). Where the head feeds itself
+  (deeper draft levels) it reads its own f̂ [D] as before. It is trained without feature regression: f̂ is
+  then only the head's state, not a prediction of the target's;
+* its own final norm and LM head over the reduced vocabulary ([D, Vd], trainable; warm-started from the
+  target's rows) instead of the target's frozen rows.
+
 Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head" in `sage_jax.io.store`)::
 
     fc:    [2D, D]   input projection of concat(feature, embedding)
@@ -13,6 +22,8 @@ Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head" in 
     layer: the fused per-layer dict of `sage_jax.models.lm.fuse_layer`:
            attn_norm [D], wqkv [D, (N+2K)H], bqkv [(N+2K)H] (qkv_bias only), wo [NH, D],
            mlp_norm [D], w_gate_up [D, 2F], w_down [F, D]
+    fuse:  [Z, D]    EAGLE-3-style only: the tapped features' projection
+    final_norm [D], lm_head [D, Vd]   own-head only
 
 `head_cfg` is an `LMConfig` with n_layers=1 and the target's d_model / vocab_size (see `head_config`).
 """
@@ -40,9 +51,10 @@ def head_config(target: LMConfig, **overrides) -> LMConfig:
 
 
 class EagleHead(nnx.Module):
-    """The head's parameters as an NNX module (for init and sharding metadata); compute is `eagle_forward`."""
+    """The head's parameters as an NNX module (for init and sharding metadata); compute is `eagle_forward`.
+    `n_taps` > 0 adds `fuse` [n_taps·D, D]; `head_vocab` > 0 adds an own final norm and LM head [D, head_vocab]."""
 
-    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: LMConfig, *, n_taps: int = 0, head_vocab: int = 0, rngs: nnx.Rngs):
         if cfg.n_layers != 1:
             raise ValueError(f"an EAGLE head has one layer, the config says {cfg.n_layers}")
         d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
@@ -65,14 +77,40 @@ class EagleHead(nnx.Module):
         if cfg.qkv_bias:
             layer["bqkv"] = p(((n + 2 * k) * h,), (None,), zeros)
         self.layer = nnx.Dict(layer)
+        if n_taps:
+            self.fuse = p((n_taps * d, d), (None, "embed"), nnx.initializers.normal((n_taps * d) ** -0.5))
+        if head_vocab:
+            self.final_norm = p((d,), ("embed",), ones)
+            self.lm_head = p((d, head_vocab), ("embed", "vocab"))
 
     def params(self) -> dict:
         return nnx.to_pure_dict(nnx.state(self, nnx.Param))
 
 
-def init_params(cfg: LMConfig, seed: int = 0) -> dict:
+def init_params(cfg: LMConfig, seed: int = 0, *, n_taps: int = 0, head_vocab: int = 0) -> dict:
     """Fresh head parameters (pure dict, the layout above)."""
-    return EagleHead(cfg, rngs=nnx.Rngs(seed)).params()
+    return EagleHead(cfg, n_taps=n_taps, head_vocab=head_vocab, rngs=nnx.Rngs(seed)).params()
+
+
+def warm_start(params: dict, vocab_ids, target_embed: Float[Array, "V D"], target_final_norm: Float[Array, " D"],
+               target_lm_head: Float[Array, "D V"] | None) -> dict:
+    """An own-head head's `lm_head` / `final_norm` set to the target's rows for `vocab_ids` and its norm (the
+    starting point of training: the head first predicts as the target's head would)."""
+    ids = jnp.asarray(vocab_ids, jnp.int32)
+    rows = jnp.take(target_embed, ids, axis=0).T if target_lm_head is None else jnp.take(target_lm_head, ids, axis=1)
+    if params["lm_head"].shape != rows.shape:
+        raise ValueError(f"lm_head {params['lm_head'].shape} does not fit {len(ids)} vocabulary ids")
+    dt = params["lm_head"].dtype
+    return {**params, "lm_head": rows.astype(dt), "final_norm": jnp.asarray(target_final_norm, dt)}
+
+
+def fuse_features(head_params: dict, features: Float[Array, "B T Z"]) -> Float[Array, "B T D"]:
+    """Target-provided features -> the head's input width: `fuse` on the tapped features of an EAGLE-3-style
+    head; the last hidden state as it is for a plain one."""
+    if "fuse" not in head_params:
+        return features
+    w = head_params["fuse"]
+    return jnp.einsum("BTZ,ZD->BTD", features.astype(w.dtype), w)
 
 
 def init_cache(cfg: LMConfig, batch: int, capacity: int) -> KVCache:
@@ -120,8 +158,9 @@ def eagle_forward(head_params: dict, head_cfg: LMConfig, target_embed: Float[Arr
     """
     feats, cache = eagle_features(head_params, head_cfg, target_embed, tokens, features_prev, positions, mask,
                                   cache, write_pos)
+    norm = head_params.get("final_norm", target_final_norm)  # an own head brings its own norm
     if vocab is not None:
-        logits = lm.head(head_cfg, None, target_final_norm, vocab.head, feats)
+        logits = lm.head(head_cfg, None, norm, vocab.head, feats)
     else:
         logits = lm.head(head_cfg, target_embed, target_final_norm, target_lm_head, feats)
     return logits, feats, cache
@@ -135,20 +174,36 @@ def shift_features(features: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
 @flax.struct.dataclass
 class EagleWeights:
     """A head ready for decoding: its params (layer in serving form), an optional reduced vocabulary, its layer
-    config (static). A pytree, so it is an argument of the compiled loops."""
+    config and the target layers it taps (static; () = the last hidden state). A pytree, so it is an argument of
+    the compiled loops."""
 
     head: dict
     vocab: DraftVocab | None
     cfg: LMConfig = flax.struct.field(pytree_node=False)
+    taps: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
 
     @classmethod
     def build(cls, cfg: LMConfig, params: dict, vocab_ids, target_cfg: LMConfig, target_embed: Float[Array, "V D"],
-              target_lm_head: Float[Array, "D V"] | None) -> EagleWeights:
+              target_lm_head: Float[Array, "D V"] | None, taps: tuple[int, ...] = ()) -> EagleWeights:
         """From stored head params for a target with `target_cfg` and these embedding / LM-head arrays (the
-        reduced vocabulary's head rows are gathered once, here). ValueError when the head is for another target."""
+        reduced vocabulary's head rows are gathered once, here, unless the head has its own). ValueError when the
+        head is for another target or its parts do not fit together."""
         if cfg.d_model != target_cfg.d_model or cfg.vocab_size != target_cfg.vocab_size:
             raise ValueError(f"the head is for d_model={cfg.d_model}, vocab={cfg.vocab_size}; the target has "
                              f"d_model={target_cfg.d_model}, vocab={target_cfg.vocab_size}")
-        vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target_embed, target_lm_head)
-        params = {**params, "layer": lm.serving_layer(params["layer"])}  # once, not per draft level
-        return cls(head=params, vocab=vocab, cfg=cfg)
+        taps = tuple(int(i) for i in taps)
+        width = params["fuse"].shape[0] if "fuse" in params else 0
+        if width != len(taps) * cfg.d_model:
+            raise ValueError(f"the head's fuse projection does not fit its taps {taps}")
+        if any(not 0 <= i < target_cfg.n_layers for i in taps):
+            raise ValueError(f"the head taps layers {taps}; the target has {target_cfg.n_layers}")
+        params = dict(params)
+        own = params.pop("lm_head", None)
+        if own is not None:
+            if vocab_ids is None or own.shape != (cfg.d_model, len(vocab_ids)):
+                raise ValueError("a head with its own LM head needs its vocabulary ids, one per head column")
+            vocab = DraftVocab(ids=jnp.asarray(vocab_ids, jnp.int32), head=own, vocab_size=cfg.vocab_size)
+        else:
+            vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target_embed, target_lm_head)
+        params["layer"] = lm.serving_layer(params["layer"])  # once, not per draft level
+        return cls(head=params, vocab=vocab, cfg=cfg, taps=taps)

@@ -201,8 +201,8 @@ class LM:
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"] | Int[Array, "B T 3"],
                 mask: Bool[Array, "B T S"],
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
-                embeddings: Float[Array, "B T D"] | None = None, write: bool = True, probe: Probe | None = None
-                ) -> tuple[Float[Array, "B T D"], KVCache | NewKV | None]:
+                embeddings: Float[Array, "B T D"] | None = None, write: bool = True, probe: Probe | None = None,
+                taps: tuple[int, ...] = ()) -> tuple:
         """Last-layer hidden states (before the final norm) and the cache with the new keys/values written at
         `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows.
 
@@ -213,12 +213,20 @@ class LM:
 
         With a `probe` (a cache, `write=True`), a third value comes back: [B, S] how much the probe rows attend
         to each cache slot, averaged over layers, heads and probes (draft-side visual-token pruning ranks the
-        visual tokens by it, `decoding/visual_pruning.py`)."""
+        visual tokens by it, `decoding/visual_pruning.py`).
+
+        With `taps` (layer indices), one more value comes last: the INPUTS of those layers concatenated,
+        [B, T, len(taps)·D] (HF's `hidden_states[i]` for i in taps; what an EAGLE-3-style head fuses)."""
+        if any(not 0 <= i < self.n_layers for i in taps):
+            raise ValueError(f"taps {taps} outside the model's {self.n_layers} layers")
         x = embed_tokens(self.cfg, self.embed, tokens) if embeddings is None else embeddings
+        tapped = []
         if cache is None:
-            for p in self.layers:
+            for i, p in enumerate(self.layers):
+                if i in taps:
+                    tapped.append(x)
                 x, _, _ = block(self.cfg, p, x, positions, None, None, None, mask)
-            return x, None
+            return (x, None, _concat(tapped, taps)) if taps else (x, None)
         if cache.n_layers != self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
         mask_new = None
@@ -231,21 +239,30 @@ class LM:
                 a, probe.rows.reshape(probe.rows.shape + (1,) * (a.ndim - 2)), axis=1)
             p_pos, p_mask = take(positions), take(mask)
             score = jnp.zeros(mask.shape[::2], jnp.float32)
-        for p, k_l, v_l in zip(self.layers, cache.k, cache.v, strict=True):  # unrolled
+        for i, (p, k_l, v_l) in enumerate(zip(self.layers, cache.k, cache.v, strict=True)):  # unrolled
             x_in = x
+            if i in taps:
+                tapped.append(x)
             x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new)
             if probe is not None:
                 score = score + probe_attention(self.cfg, p, take(x_in), p_pos, k_l, p_mask, probe.weight)
             ks.append(k_l)
             vs.append(v_l)
+        extra = (_concat(tapped, taps),) if taps else ()
         if not write:
-            return x, NewKV(k=jnp.stack(ks), v=jnp.stack(vs))
+            return (x, NewKV(k=jnp.stack(ks), v=jnp.stack(vs))) + extra
         if probe is not None:
-            return x, KVCache(k=tuple(ks), v=tuple(vs)), score / self.n_layers
-        return x, KVCache(k=tuple(ks), v=tuple(vs))
+            return (x, KVCache(k=tuple(ks), v=tuple(vs)), score / self.n_layers) + extra
+        return (x, KVCache(k=tuple(ks), v=tuple(vs))) + extra
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         return head(self.cfg, self.embed, self.final_norm, self.lm_head, hidden)
+
+
+def _concat(tapped: list, taps: tuple[int, ...]) -> Float[Array, "B T Z"]:
+    """The tapped layer inputs in the order `taps` names them (they were collected in layer order)."""
+    by_layer = dict(zip(sorted(taps), tapped, strict=True))
+    return jnp.concatenate([by_layer[i] for i in taps], axis=-1)
 
 
 def serving_params(cfg: LMConfig, params: dict) -> LM:

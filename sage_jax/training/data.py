@@ -201,14 +201,20 @@ class _Rows:
         return {k: np.asarray(v[i]) for k, v in self.arrays.items()}
 
 
-def batches(arrays: dict[str, np.ndarray], batch_size: int, *, seed: int, shuffle: bool = True) -> grain.MapDataset:
-    """Infinite, reshuffled-per-epoch batches; `ds[step]` is the batch of `step` (deterministic)."""
-    ds = grain.MapDataset.source(_Rows(arrays))
+def source(data) -> _Rows:
+    """Random access over rows: in-memory arrays (a dict) are wrapped; a source (`features.ShardSource`) stays."""
+    return _Rows(data) if isinstance(data, dict) else data
+
+
+def batches(arrays, batch_size: int, *, seed: int, shuffle: bool = True) -> grain.MapDataset:
+    """Infinite, reshuffled-per-epoch batches of in-memory arrays or a row source; `ds[step]` is the batch of
+    `step` (deterministic)."""
+    ds = grain.MapDataset.source(source(arrays))
     if shuffle:
         ds = ds.shuffle(seed=seed)
     return ds.repeat().batch(batch_size, drop_remainder=True)
 
 
-def eval_batches(arrays: dict[str, np.ndarray], batch_size: int) -> grain.MapDataset:
+def eval_batches(arrays, batch_size: int) -> grain.MapDataset:
     """The held-out rows once, in order, in full batches (the last partial batch is dropped)."""
-    return grain.MapDataset.source(_Rows(arrays)).batch(batch_size, drop_remainder=True)
+    return grain.MapDataset.source(source(arrays)).batch(batch_size, drop_remainder=True)

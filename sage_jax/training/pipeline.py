@@ -4,6 +4,8 @@ Work directory layout (everything resumable: finished stages are skipped, traini
 
     WORKDIR/data/train.{npz,features.npy}   heldout.{npz,features.npy}   self-distillation data
     WORKDIR/data/train.seedS.{npz,...}      extra training blocks (`data.extra_general_seeds`)
+    WORKDIR/shards/{train,corpus,heldout}-NNNNN.array_record   teacher-forced features (`features.py`), when the
+                                            recipe taps target layers or adds corpus rows
     WORKDIR/vocab.npy                       the reduced draft vocabulary (when `vocab_size` > 0)
     WORKDIR/eagle/ckpt/                      training checkpoints (params, optimizer state, step, data position)
     WORKDIR/eagle_head/                      final head: configs.checkpoint kind "eagle_head"
@@ -169,6 +171,40 @@ def _generate(c: DraftRecipe, lm_t, cfg: LMConfig, workdir: str, name: str, ids:
             os.remove(shard + suffix)
 
 
+def _row_meta(data) -> dict[str, np.ndarray]:
+    """tokens / lengths / answer_start of every training row, from arrays or from feature shards."""
+    if isinstance(data, dict):
+        return data
+    keys = ("tokens", "lengths", "answer_start")
+    rows = [{k: r[k] for k in keys} for r in (data[i] for i in range(len(data)))]
+    return {k: np.stack([r[k] for r in rows]) for k in keys}
+
+
+def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict, heldout: dict, workdir: str, log=_log):
+    """The self-distillation rows (and `data.corpus_rows` teacher-forced corpus rows) through the target once more,
+    for the features the head reads (`eagle.taps`), into WORKDIR/shards/ (`features.py`; resumable). Returns
+    (training rows as a `ShardSource`, held-out rows as arrays)."""
+    from sage_jax.training import features
+
+    lm_t = target.serving()
+    directory = os.path.join(workdir, "shards")
+    taps, dd = tuple(c.eagle.taps), c.data
+    strip = lambda d: {k: np.asarray(v) for k, v in d.items() if k != "features"}  # noqa: E731
+    kw = dict(taps=taps, batch=dd.feature_batch, log=log)
+    paths = features.write_shards(lm_t, strip(train_data), directory, "train", **kw)
+    if dd.corpus_rows:
+        if tok is None:
+            raise ValueError("data.corpus_rows needs a target with a tokenizer")
+        length = train_data["tokens"].shape[1]
+        rows = features.corpus_rows(tok, "train", dd.corpus_rows, length, seed=c.seed,
+                                    pad_id=target.cfg.pad_token_id, eos_id=target.cfg.eos_token_ids[0])
+        paths += features.write_shards(lm_t, rows, directory, "corpus", **kw)
+    held = features.write_shards(lm_t, strip(heldout), directory, "heldout", **kw)
+    src = features.ShardSource(paths)
+    log(f"[data] feature shards: {len(src)} training rows, taps {taps or 'none (last hidden state)'}")
+    return src, features.ShardSource(held).arrays()
+
+
 def lm_draft_config(c: DraftRecipe, target_cfg: LMConfig) -> LMConfig:
     d = c.lm
     return target_cfg.replace(n_layers=d.n_layers, d_model=d.d_model, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads,
@@ -185,18 +221,21 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     tcfg = target.cfg.replace(param_dtype="float32", dtype="float32")
     log(f"[target] {source}: {tcfg.n_layers} layers, d={tcfg.d_model}, vocab {tcfg.vocab_size}")
     train_data, heldout = make_data(c, target, tok, workdir, log)
+    if c.sharded:
+        train_data, heldout = feature_shards(c, target, tok, train_data, heldout, workdir, log)
     t_data = time.perf_counter() - t0
+    meta = _row_meta(train_data)
     summary: dict[str, Any] = {"target": source, "workdir": workdir, "data_seconds": round(t_data, 1),
-                               "train_rows": int(len(train_data["tokens"])),
+                               "train_rows": int(len(meta["tokens"])),
                                "heldout_rows": int(len(heldout["tokens"])),
-                               "train_answer_tokens": int(np.sum(train_data["lengths"] - train_data["answer_start"]))}
+                               "train_answer_tokens": int(np.sum(meta["lengths"] - meta["answer_start"]))}
     vocab_ids = None
     if c.vocab_size > 0:
         vpath = os.path.join(workdir, "vocab.npy")
         if os.path.exists(vpath):
             vocab_ids = np.load(vpath)
         else:
-            rows = [r[: n] for r, n in zip(train_data["tokens"], train_data["lengths"], strict=True)]
+            rows = [r[: n] for r, n in zip(meta["tokens"], meta["lengths"], strict=True)]
             vocab_ids = top_ids(rows, c.vocab_size, tcfg.vocab_size, always=tcfg.eos_token_ids)
             np.save(vpath, vocab_ids)
         summary["vocab_size"] = int(len(vocab_ids))
@@ -207,14 +246,18 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
         hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
         tc = c.eagle.train
         task = train.eagle_task(hcfg, tc)
-        p0 = eagle_head.init_params(hcfg, tc.seed)
+        taps = tuple(c.eagle.taps)
+        p0 = eagle_head.init_params(hcfg, tc.seed, n_taps=len(taps), head_vocab=len(vocab_ids) if c.eagle.own_head
+                                    else 0)
+        if c.eagle.own_head:
+            p0 = eagle_head.warm_start(p0, vocab_ids, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
         log(f"[eagle] head: {train.describe(p0)}")
         acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
         log(f"[eagle] held-out acceptance before training {acc0:.4f}")
         res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "eagle"), progress=progress,
                           log=log)
         path = store.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
-                               vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype)
+                               vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype, taps=taps)
         tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
                                           batch_size=min(16, len(heldout["tokens"])))
         log(f"[eagle] held-out greedy chain of {c.eagle.chain_depth}: mean accepted τ {tau:.3f} (τ+1 {tau + 1:.3f})")

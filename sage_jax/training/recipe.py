@@ -29,6 +29,7 @@ class TrainConfig:
     head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
     unroll: int = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
     unroll_decay: float = 0.8  # weight of level k is unroll_decay**k
+    hard_weight: float = 0.0  # + this · cross-entropy on the target's argmax (greedy decoding accepts only it)
     eval_every: int = 50
     ckpt_every: int = 50
     log_every: int = 1
@@ -48,6 +49,8 @@ class DataConfig:
     shard_rows: int = 128  # rows per data shard (an interrupted rollout resumes at the next shard)
     max_new_tokens: int = 32  # answer length
     max_prompt_tokens: int = 32  # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
+    corpus_rows: int = 0  # + this many teacher-forced rows of corpus text in the assistant turn (`features.py`)
+    feature_batch: int = 8  # rows per teacher-forced target forward
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +58,8 @@ class EagleConfig:
     """The EAGLE-style head: one decoder layer over [target feature ; next-token embedding]."""
 
     mlp_dim: int = 0  # 0: the target's
+    taps: tuple[int, ...] = ()  # EAGLE-3-style: fuse the inputs of these target layers (() = its last hidden state)
+    own_head: bool = False  # a trainable final norm + LM head over the reduced vocabulary (warm-started)
     chain_depth: int = 5  # the held-out greedy chain that the summary reports
     train: TrainConfig = TrainConfig()
 
@@ -94,6 +99,14 @@ class DraftRecipe:
             raise ValueError("data.extra_general_seeds needs data.n_general > 0 (the size of each extra block)")
         if self.seed in self.data.extra_general_seeds:
             raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {self.seed}")
+        if self.eagle.own_head and not self.vocab_size:
+            raise ValueError("eagle.own_head needs a reduced vocabulary (vocab_size > 0)")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the data goes through teacher-forced feature shards (`features.py`): needed for tapped
+        features and for corpus rows."""
+        return bool(self.eagle.taps) or self.data.corpus_rows > 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

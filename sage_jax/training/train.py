@@ -43,7 +43,8 @@ from sage_jax.training.recipe import TrainConfig
 
 
 def frozen_target(target_lm: lm.LM, vocab_ids=None) -> dict:
-    """The target's embedding, final norm and head as a pure dict (+ the subset head and ids with `vocab_ids`)."""
+    """The target's embedding, final norm and head as a pure dict (+ the subset head, its ids and `in_vocab` [V],
+    whether each full id is in the subset, with `vocab_ids`)."""
     out = {"embed": target_lm.embed, "final_norm": target_lm.final_norm}
     if target_lm.lm_head is not None:
         out["lm_head"] = target_lm.lm_head
@@ -52,7 +53,30 @@ def frozen_target(target_lm: lm.LM, vocab_ids=None) -> dict:
         out["vocab_ids"] = ids
         out["vocab_head"] = (jnp.take(target_lm.embed, ids, axis=0).T if target_lm.lm_head is None
                              else jnp.take(target_lm.lm_head, ids, axis=1))
+        out["in_vocab"] = jnp.zeros((target_lm.embed.shape[0],), bool).at[ids].set(True)
     return out
+
+
+def _hidden(batch: dict):
+    """The target's last hidden states (its logits' input): `hidden` where the head reads tapped features."""
+    return batch["hidden"] if "hidden" in batch else batch["features"]
+
+
+def chain_valid(batch: dict, level: int, idx):
+    """[B, W] whether a draft chain of depth level+1 ending at window positions `idx` is one that decoding meets:
+    the `level` data tokens it was fed after its true start (x_{t-k+1} .. x_t) are each the target's argmax at
+    the position before (`batch["top"]`). Always true on the target's own greedy answers; on teacher-forced
+    text it keeps the deeper levels to the chains a tree would have accepted. All true without `top`."""
+    if "top" not in batch or level == 0:
+        return jnp.ones(idx.shape, bool)
+    tokens, top = batch["tokens"], batch["top"]
+    length = tokens.shape[1]
+    j = jnp.arange(length)[None]
+    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
+    miss = jnp.where((top != nxt) | (j >= length - 1), j, -1)  # positions whose next data token is not the argmax
+    last_miss = jax.lax.cummax(miss, axis=1)  # [B, L] the latest miss at or before each position
+    before = jnp.take_along_axis(last_miss, jnp.maximum(idx - 1, 0), axis=1)  # latest miss at or before t-1
+    return (before < idx - level) & (idx >= level)
 
 
 def _target_logits(cfg: LMConfig, fz: dict, feats, *, full: bool = False):
@@ -102,8 +126,11 @@ def _take(x, idx):
     return jnp.take_along_axis(x, idx[:, :, None], axis=1)
 
 
-def _draft_head(cfg: LMConfig, fz: dict, hidden):
-    """The target's final norm + head (its subset rows with a reduced vocabulary) on draft features."""
+def _draft_head(cfg: LMConfig, fz: dict, hidden, params: dict | None = None):
+    """The head's own final norm + LM head when it has them, else the target's (its subset rows with a reduced
+    vocabulary), on draft features."""
+    if params is not None and "lm_head" in params:
+        return lm.head(cfg, None, params["final_norm"], params["lm_head"], hidden)
     if "vocab_head" in fz:
         return lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], hidden)
     return lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), hidden)
@@ -112,7 +139,7 @@ def _draft_head(cfg: LMConfig, fz: dict, hidden):
 def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
     """f̂ [B, L, D] with the target's true features as inputs (f_{t-1}, x_t)."""
     pos, mask = _causal(batch)
-    prev = eagle_head.shift_features(batch["features"])
+    prev = eagle_head.shift_features(eagle_head.fuse_features(params, batch["features"]))
     f_hat, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
     return f_hat
 
@@ -144,7 +171,7 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     tokens = batch["tokens"]
     b, length = tokens.shape
     pos, mask = _causal(batch)
-    prev = eagle_head.shift_features(batch["features"])
+    prev = eagle_head.shift_features(eagle_head.fuse_features(params, batch["features"]))
     if levels == 1:
         f0, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask)
         return f0, [], None
@@ -168,11 +195,22 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     return f0, out, idx
 
 
-def _kl_terms(head_cfg: LMConfig, fz, f_hat, feats, w_kl, answer):
-    logits = _draft_head(head_cfg, fz, f_hat)
+def _kl_terms(head_cfg: LMConfig, tc: TrainConfig, params, fz, f_hat, feats, w_kl, answer, top=None):
+    """KL(target ‖ head) (+ `hard_weight` · cross-entropy on the target's argmax) averaged with weights `w_kl`,
+    and the top-1 agreement on `answer`. With a reduced vocabulary and the target's full-vocab argmax `top`,
+    positions whose argmax lies outside the subset get no weight (EAGLE-3's mask: nothing the head could
+    draft)."""
+    logits = _draft_head(head_cfg, fz, f_hat, params)
     t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
-    kl = _kl(t_logits, logits)
-    kl_term = jnp.sum(w_kl * kl) / jnp.maximum(jnp.sum(w_kl), 1.0)
+    if top is not None and "in_vocab" in fz:
+        ok = jnp.take(fz["in_vocab"], top)
+        w_kl, answer = w_kl * ok, answer & ok
+    loss = _kl(t_logits, logits)
+    if tc.hard_weight:
+        lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+        hard = -jnp.take_along_axis(lp, jnp.argmax(t_logits, -1)[..., None], -1)[..., 0]
+        loss = loss + tc.hard_weight * hard
+    kl_term = jnp.sum(w_kl * loss) / jnp.maximum(jnp.sum(w_kl), 1.0)
     agree = jnp.argmax(logits, -1) == jnp.argmax(t_logits, -1)
     return kl_term, jnp.sum(agree & answer) / jnp.maximum(jnp.sum(answer), 1)
 
@@ -187,26 +225,32 @@ def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
     plus λ · smooth-L1 feature regression over every valid position. Levels k >= 1 (`unroll`): the same KL + λ·reg
     over the answer window, weighted unroll_decay**k; the sum is normalised by Σ_k decay^k. Metrics: level 0's
     kl / reg / acc, and `acc_last`, the deepest level's agreement."""
-    feats = batch["features"]
+    feats = _hidden(batch)
+    top = batch.get("top")
     window = tc.head_window or feats.shape[1]
     f0, deeper, idx = eagle_unrolled(head_cfg, params, fz, batch, tc.unroll, window)
     w, answer = position_weights(batch, tc.prompt_weight)
-    reg0 = _reg(f0, feats, w)
+    reg0 = _reg(f0, feats, w) if tc.feature_weight else jnp.zeros(())
     if tc.head_window:
         idx0, valid, answer = answer_window(batch, tc.head_window)
         f_kl, feats_kl, w_kl = _take(f0, idx0), _take(feats, idx0), valid.astype(jnp.float32)
+        top_kl = None if top is None else jnp.take_along_axis(top, idx0, 1)
     else:
-        f_kl, feats_kl, w_kl = f0, feats, w
-    kl0, acc0 = _kl_terms(head_cfg, fz, f_kl, feats_kl, w_kl, answer)
+        f_kl, feats_kl, w_kl, top_kl = f0, feats, w, top
+    kl0, acc0 = _kl_terms(head_cfg, tc, params, fz, f_kl, feats_kl, w_kl, answer, top_kl)
     total, norm = kl0 + tc.feature_weight * reg0, 1.0
     metrics = {"kl": kl0, "reg": reg0, "acc": acc0, "acc_last": acc0}
     if deeper:
         _, valid, answer = answer_window(batch, window)
         feats_w = _take(feats, idx)
+        top_w = None if top is None else jnp.take_along_axis(top, idx, 1)
         for k, f_k in enumerate(deeper, start=1):
             ok = valid & (jnp.arange(idx.shape[1]) >= k - 1)[None] & (idx >= k)  # the chain is in the window
-            kl_k, acc_k = _kl_terms(head_cfg, fz, f_k, feats_w, ok.astype(jnp.float32), answer & ok)
-            loss_k = kl_k + tc.feature_weight * _reg(f_k, feats_w, ok.astype(jnp.float32))
+            ok = ok & chain_valid(batch, k, idx)
+            kl_k, acc_k = _kl_terms(head_cfg, tc, params, fz, f_k, feats_w, ok.astype(jnp.float32), answer & ok,
+                                    top_w)
+            loss_k = kl_k + (tc.feature_weight * _reg(f_k, feats_w, ok.astype(jnp.float32)) if tc.feature_weight
+                             else 0.0)
             total, norm = total + tc.unroll_decay ** k * loss_k, norm + tc.unroll_decay ** k
             metrics["acc_last"] = acc_k
     return total / norm, metrics
@@ -217,14 +261,17 @@ def _agreement(cfg: LMConfig, fz, batch, hidden, window: int, draft_head):
     d_top = jnp.argmax(draft_head(_take(hidden, idx)), -1)
     if "vocab_ids" in fz:
         d_top = jnp.take(fz["vocab_ids"], d_top)
-    t_top = jnp.argmax(_target_logits(cfg, fz, _take(batch["features"], idx), full=True), -1)
+    if "top" in batch:
+        t_top = jnp.take_along_axis(batch["top"], idx, 1)
+    else:
+        t_top = jnp.argmax(_target_logits(cfg, fz, _take(_hidden(batch), idx), full=True), -1)
     return jnp.sum((d_top == t_top) & answer), jnp.sum(answer)
 
 
 def eagle_agreement(head_cfg: LMConfig, params, fz, batch, window: int = 0):
     """(agreeing positions, answer positions): draft top-1 (mapped to full ids) vs the target's FULL-vocab top-1."""
     f_hat = eagle_teacher_forced(head_cfg, params, fz, batch)
-    return _agreement(head_cfg, fz, batch, f_hat, window, lambda h: _draft_head(head_cfg, fz, h))
+    return _agreement(head_cfg, fz, batch, f_hat, window, lambda h: _draft_head(head_cfg, fz, h, params))
 
 
 def _lm_hidden(draft_cfg: LMConfig, params, batch):
@@ -302,13 +349,16 @@ def optimizer(tc: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(tc.clip), optax.adamw(sched, weight_decay=tc.weight_decay))
 
 
-_BATCH_AXES = {"tokens": ("batch", "seq"), "features": ("batch", "seq", None), "lengths": ("batch",),
-               "answer_start": ("batch",), "kind": ("batch",)}
+_BATCH_AXES = {"tokens": ("batch", "seq"), "features": ("batch", "seq", None), "hidden": ("batch", "seq", None),
+               "top": ("batch", "seq"), "lengths": ("batch",), "answer_start": ("batch",), "kind": ("batch",)}
 
 
 def _put_batch(batch: dict) -> dict:
-    return {k: jax.device_put(np.asarray(v), sharding.named_sharding(_BATCH_AXES[k], np.shape(v)))
-            for k, v in batch.items()}
+    def put(v):  # cached float16 features are widened here: the step computes in float32
+        v = np.asarray(v)
+        v = v.astype(np.float32) if v.dtype == np.float16 else v
+        return v
+    return {k: jax.device_put(put(v), sharding.named_sharding(_BATCH_AXES[k], np.shape(v))) for k, v in batch.items()}
 
 
 def _replicate(tree):
@@ -339,8 +389,9 @@ def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray],
     log = log or (lambda s: tqdm.write(s))
     opt = optimizer(tc)
     ds = ddata.batches(train_data, tc.batch_size, seed=tc.seed)
-    if len(train_data["tokens"]) < tc.batch_size:
-        raise ValueError(f"{len(train_data['tokens'])} training rows < batch size {tc.batch_size}")
+    n_rows = len(ddata.source(train_data))
+    if n_rows < tc.batch_size:
+        raise ValueError(f"{n_rows} training rows < batch size {tc.batch_size}")
     stop = tc.steps if stop_at is None else min(stop_at, tc.steps)
     ckpt_dir = os.path.join(os.path.abspath(workdir), "ckpt")
     mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
@@ -415,7 +466,7 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
     position `starts[b]` (input (f_{t-1}, x_t) true there; then the head feeds its own f̂ and tokens), compared with
     the target's greedy continuation (the stored answer). The bonus token is excluded (τ, not τ+1)."""
     tokens = jnp.asarray(batch["tokens"])
-    feats = jnp.asarray(batch["features"])
+    feats = eagle_head.fuse_features(params, jnp.asarray(batch["features"]))
     b, length = tokens.shape
     cap = length + depth
     starts = jnp.asarray(starts, jnp.int32)
@@ -430,7 +481,7 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
     alive = jnp.ones((b,), bool)
     accepted = jnp.zeros((b,), jnp.int32)
     for k in range(depth):
-        logits = _draft_head(head_cfg, fz, f)
+        logits = _draft_head(head_cfg, fz, f, params)
         tok = jnp.argmax(logits, -1)
         if "vocab_ids" in fz:
             tok = jnp.take(fz["vocab_ids"], tok)

@@ -3,6 +3,7 @@ saved head checkpoint."""
 
 import jax
 import numpy as np
+import pytest
 
 from sage_jax.engine import Engine, load_engine
 from sage_jax.io import store
@@ -38,3 +39,36 @@ def test_eagle_head_matches_ar(tiny_lm, tmp_path):
     assert isinstance(vocab, DraftVocab) and np.asarray(vocab.ids).tolist() == ids.tolist()
     out = engine.generate(prompts, policy="sage", max_new_tokens=24)
     assert out.token_ids == ref and out.stats.draft_forwards > out.stats.steps
+
+
+def test_fused_head_with_its_own_vocab_head_matches_ar(tiny_lm, tmp_path):
+    """An EAGLE-3-style head (tapped target layers fused, its own LM head over a reduced vocabulary) drafts
+    losslessly, directly and from its checkpoint; its drafts really read the taps (other taps, other drafts)."""
+    target = tiny_lm(0, vocab_size=64, n_layers=3, eos_token_ids=(7,))
+    cfg = eagle_head.head_config(target.cfg)
+    ids = np.arange(0, 64, 2)
+    params = eagle_head.init_params(cfg, seed=1, n_taps=3, head_vocab=len(ids))
+    params = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, params)
+    prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
+    ref = Engine(target).generate(prompts, policy="ar", max_new_tokens=24).token_ids
+    serving = target.serving()
+
+    def engine(taps):
+        w = EagleWeights.build(cfg, params, ids, serving.cfg, serving.embed, serving.lm_head, taps=taps)
+        return Engine(target, w)
+
+    outs = {}
+    for taps in ((0, 1, 2), (2, 1, 0)):
+        out = engine(taps).generate(prompts, policy="sage", max_new_tokens=16)
+        assert out.token_ids == [r[:16] for r in ref], taps
+        outs[taps] = out.stats
+    assert outs[(0, 1, 2)].draft_forwards > outs[(0, 1, 2)].steps
+    assert outs[(0, 1, 2)].alpha_trace != outs[(2, 1, 0)].alpha_trace  # the fused taps shape the drafts
+    path = store.save_head(str(tmp_path / "head3"), cfg, params, target_cfg=target.cfg, vocab_ids=ids, taps=(0, 1, 2))
+    loaded = load_engine(CausalLM(target), path)
+    assert loaded._lm_d.taps == (0, 1, 2) and "lm_head" not in loaded._lm_d.head
+    np.testing.assert_array_equal(np.asarray(loaded._lm_d.vocab.head), np.asarray(params["lm_head"]))
+    out = loaded.generate(prompts, policy="sage", max_new_tokens=16)
+    assert out.token_ids == [r[:16] for r in ref]
+    with pytest.raises(ValueError, match="taps"):
+        EagleWeights.build(cfg, params, ids, serving.cfg, serving.embed, serving.lm_head, taps=(0, 1))
