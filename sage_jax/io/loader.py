@@ -77,9 +77,54 @@ def default_target() -> str:
 DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
 
 
+MANIFEST = "SHA256SUMS"
+
+
+def write_manifest(path: str | os.PathLike) -> str:
+    """Writes `path`/SHA256SUMS: the sha256 of every file of a checkpoint directory (sorted relative paths; the
+    rewritable acceptance.json left out). Returns the manifest's path."""
+    path = os.fspath(path)
+    lines = []
+    for rel in _files(path):
+        lines.append(f"{sha256(os.path.join(path, rel))}  {rel}")
+    file = os.path.join(path, MANIFEST)
+    with open(file + ".tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(file + ".tmp", file)
+    return file
+
+
+def _files(path: str) -> list[str]:
+    skip = {MANIFEST, store.ACCEPTANCE_FILE}
+    return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs
+                  if os.path.relpath(os.path.join(d, f), path) not in skip)
+
+
+def verify_manifest(path: str | os.PathLike) -> None:
+    """ValueError (one line) unless every file of `path` is listed in its SHA256SUMS with that digest (digests
+    remembered per file stamp, so a second check reads nothing)."""
+    path = os.fspath(path)
+    file = os.path.join(path, MANIFEST)
+    if not os.path.isfile(file):
+        raise ValueError(f"{path} has no {MANIFEST}")
+    with open(file) as f:
+        want = dict(reversed(ln.split("  ", 1)) for ln in f.read().splitlines() if ln.strip())
+    have = _files(path)
+    if sorted(want) != have:
+        extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+        raise ValueError(f"{path} does not match its {MANIFEST}: unlisted {extra[:3]}, missing {missing[:3]}")
+    for rel in have:
+        if verified_sha256(os.path.join(path, rel)) != want[rel]:
+            raise ValueError(f"{os.path.join(path, rel)} does not match its sha256 in {file}")
+
+
 def default_draft() -> str | None:
-    """Path of the shipped draft for the default target, or None when this checkout does not have it."""
-    return DEFAULT_DRAFT if os.path.isfile(os.path.join(DEFAULT_DRAFT, "metadata.json")) else None
+    """Path of the shipped draft for the default target (its files checked against their sha256), or None when
+    this checkout does not have it."""
+    if not os.path.isfile(os.path.join(DEFAULT_DRAFT, "metadata.json")):
+        return None
+    verify_manifest(DEFAULT_DRAFT)
+    return DEFAULT_DRAFT
 
 
 def detect(spec: str | os.PathLike) -> str:

@@ -136,8 +136,17 @@ def corpus_rows(tokenizer, split: str, n: int, length: int, *, seed: int = 0, pa
     py, rst = ddata.corpus_files(split)
     rng.shuffle(py)
     rng.shuffle(rst)
-    paras = [p for f in rst for p in ddata.paragraphs(f, max_chars=1500)]
-    snippets = [c for f in py for c in ddata.code_snippets(f, max_chars=1500)]
+    want = n // 2 + 16  # files are read only until there is enough text of each kind
+    paras: list[str] = []
+    for f in rst:
+        paras += ddata.paragraphs(f, max_chars=1500)
+        if len(paras) >= want:
+            break
+    snippets: list[tuple[str, str]] = []
+    for f in py:
+        snippets += ddata.code_snippets(f, max_chars=1500)
+        if len(snippets) >= want:
+            break
     rng.shuffle(paras)
     rng.shuffle(snippets)
     asks_prose = ("Explain this in a paragraph: {head}", "Tell me about the following. {head}",

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sage_jax.io import store
+from sage_jax.io import loader, store
 from sage_jax.models import eagle_head
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
@@ -258,6 +258,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
                           log=log)
         path = store.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
                                vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype, taps=taps)
+        loader.write_manifest(path)  # what `default_draft` checks when the head is shipped
         tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
                                           batch_size=min(16, len(heldout["tokens"])))
         log(f"[eagle] held-out greedy chain of {c.eagle.chain_depth}: mean accepted τ {tau:.3f} (τ+1 {tau + 1:.3f})")

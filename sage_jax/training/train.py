@@ -195,13 +195,12 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     return f0, out, idx
 
 
-def _kl_terms(head_cfg: LMConfig, tc: TrainConfig, params, fz, f_hat, feats, w_kl, answer, top=None):
+def _kl_terms(head_cfg: LMConfig, tc: TrainConfig, params, fz, f_hat, t_logits, w_kl, answer, top=None):
     """KL(target ‖ head) (+ `hard_weight` · cross-entropy on the target's argmax) averaged with weights `w_kl`,
-    and the top-1 agreement on `answer`. With a reduced vocabulary and the target's full-vocab argmax `top`,
-    positions whose argmax lies outside the subset get no weight (EAGLE-3's mask: nothing the head could
-    draft)."""
+    and the top-1 agreement on `answer`; `t_logits`: the target's (`_target_logits`, no gradient). With a reduced
+    vocabulary and the target's full-vocab argmax `top`, positions whose argmax lies outside the subset get no
+    weight (EAGLE-3's mask: nothing the head could draft)."""
     logits = _draft_head(head_cfg, fz, f_hat, params)
-    t_logits = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats))
     if top is not None and "in_vocab" in fz:
         ok = jnp.take(fz["in_vocab"], top)
         w_kl, answer = w_kl * ok, answer & ok
@@ -237,18 +236,20 @@ def eagle_loss(head_cfg: LMConfig, tc: TrainConfig, params, fz, batch):
         top_kl = None if top is None else jnp.take_along_axis(top, idx0, 1)
     else:
         f_kl, feats_kl, w_kl, top_kl = f0, feats, w, top
-    kl0, acc0 = _kl_terms(head_cfg, tc, params, fz, f_kl, feats_kl, w_kl, answer, top_kl)
+    t_kl = jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats_kl))
+    kl0, acc0 = _kl_terms(head_cfg, tc, params, fz, f_kl, t_kl, w_kl, answer, top_kl)
     total, norm = kl0 + tc.feature_weight * reg0, 1.0
     metrics = {"kl": kl0, "reg": reg0, "acc": acc0, "acc_last": acc0}
     if deeper:
         _, valid, answer = answer_window(batch, window)
         feats_w = _take(feats, idx)
         top_w = None if top is None else jnp.take_along_axis(top, idx, 1)
+        # the target's logits on the window, once for every level (level 0's when it runs on the same window)
+        t_w = t_kl if tc.head_window else jax.lax.stop_gradient(_target_logits(head_cfg, fz, feats_w))
         for k, f_k in enumerate(deeper, start=1):
             ok = valid & (jnp.arange(idx.shape[1]) >= k - 1)[None] & (idx >= k)  # the chain is in the window
             ok = ok & chain_valid(batch, k, idx)
-            kl_k, acc_k = _kl_terms(head_cfg, tc, params, fz, f_k, feats_w, ok.astype(jnp.float32), answer & ok,
-                                    top_w)
+            kl_k, acc_k = _kl_terms(head_cfg, tc, params, fz, f_k, t_w, ok.astype(jnp.float32), answer & ok, top_w)
             loss_k = kl_k + (tc.feature_weight * _reg(f_k, feats_w, ok.astype(jnp.float32)) if tc.feature_weight
                              else 0.0)
             total, norm = total + tc.unroll_decay ** k * loss_k, norm + tc.unroll_decay ** k

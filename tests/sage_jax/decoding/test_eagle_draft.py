@@ -68,7 +68,6 @@ def test_fused_head_with_its_own_vocab_head_matches_ar(tiny_lm, tmp_path):
     loaded = load_engine(CausalLM(target), path)
     assert loaded._lm_d.taps == (0, 1, 2) and "lm_head" not in loaded._lm_d.head
     np.testing.assert_array_equal(np.asarray(loaded._lm_d.vocab.head), np.asarray(params["lm_head"]))
-    out = loaded.generate(prompts, policy="sage", max_new_tokens=16)
-    assert out.token_ids == [r[:16] for r in ref]
+    # (a trained fused head decodes from its checkpoint in tests/sage_jax/training/test_features.py)
     with pytest.raises(ValueError, match="taps"):
         EagleWeights.build(cfg, params, ids, serving.cfg, serving.embed, serving.lm_head, taps=(0, 1))

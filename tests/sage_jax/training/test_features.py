@@ -170,3 +170,18 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     assert engine._lm_d.taps == (0, 1)
     out = engine.generate(prompts, policy="sage", max_new_tokens=16)
     assert out.token_ids == ref and out.stats.mean_accepted > 0
+
+
+def test_corpus_rows_are_chat_rows_without_held_out_text(smollm2):
+    from sage_jax.prompts import COPY_PROMPTS, held_out_texts
+
+    cfg, _, tok, _ = smollm2
+    rows = features.corpus_rows(tok, "train", 24, 192, pad_id=cfg.pad_token_id, eos_id=cfg.eos_token_ids[0])
+    assert rows["tokens"].shape == (24, 192) and np.all(rows["answer_start"] < rows["lengths"])
+    assert set(rows["kind"].tolist()) == {data.ALL_KINDS.index("explanation"), data.ALL_KINDS.index("code")}
+    held = " ".join([*held_out_texts(), *(t for _, t in COPY_PROMPTS)])
+    for r in range(24):
+        text = tok.decode(rows["tokens"][r, : rows["lengths"][r]])
+        assert "<|im_start|>assistant" in text and text.count("<|im_start|>user") == 1
+        answer = tok.decode(rows["tokens"][r, rows["answer_start"][r]: rows["lengths"][r]])
+        assert not any(len(ln.strip()) > 40 and ln.strip() in held for ln in answer.split("\n"))

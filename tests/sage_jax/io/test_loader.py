@@ -1,0 +1,38 @@
+"""The shipped draft is checked against its SHA256SUMS before it is used; a changed, missing or extra file is one
+clear error."""
+
+import os
+import shutil
+
+import pytest
+
+from sage_jax.io import loader
+
+
+def test_shipped_draft_matches_its_manifest():
+    if loader.default_draft() is None:  # verifies the manifest on the way
+        pytest.skip("no shipped draft in this checkout")
+
+
+def test_manifest_catches_a_changed_missing_or_extra_file(tmp_path, cache_dir):
+    src = tmp_path / "head"
+    shutil.copytree(loader.DEFAULT_DRAFT, src)
+    os.remove(src / loader.MANIFEST)
+    with pytest.raises(ValueError, match="has no SHA256SUMS"):
+        loader.verify_manifest(src)
+    loader.write_manifest(src)
+    loader.verify_manifest(src)
+    (src / "acceptance.json").write_text("{}")  # the rewritable prior is not checked
+    loader.verify_manifest(src)
+    meta = src / "metadata.json"
+    meta.write_text(meta.read_text().replace("eagle_head", "eagle_head "))
+    with pytest.raises(ValueError, match="metadata.json does not match its sha256"):
+        loader.verify_manifest(src)
+    loader.write_manifest(src)
+    (src / "params" / "stray").write_text("x")
+    with pytest.raises(ValueError, match=r"unlisted \['params/stray'\]"):
+        loader.verify_manifest(src)
+    os.remove(src / "params" / "stray")
+    os.remove(src / "params" / "_METADATA")
+    with pytest.raises(ValueError, match=r"missing \['params/_METADATA'\]"):
+        loader.verify_manifest(src)
