@@ -22,6 +22,9 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set eagle.train.steps=10 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    p.add_argument("--export-step", default=None, metavar="N|latest",
+                   help="write the EAGLE head of training checkpoint N (or the latest) to WORKDIR/eagle_head_stepN "
+                        "and exit (works while the run trains)")
     args = p.parse_args(argv)
     from sage_jax.training.recipe import DraftRecipe
 
@@ -36,6 +39,13 @@ def _main(argv: list[str] | None) -> int:
     from sage_jax.training import pipeline
 
     cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
+    if args.export_step is not None:
+        if args.export_step != "latest" and not args.export_step.isdigit():
+            raise cli.BadInput(f"--export-step takes a step number or 'latest', got {args.export_step!r}")
+        step = None if args.export_step == "latest" else int(args.export_step)
+        with cli.reported(ValueError, FileNotFoundError):
+            print(json.dumps({"path": pipeline.export_head(recipe, workdir, step)}))
+        return 0
     with cli.reported(ValueError, FileNotFoundError):  # e.g. a target path that does not exist
         summary = pipeline.run(recipe, workdir, progress=not args.no_progress)
     print(json.dumps(summary, default=str))

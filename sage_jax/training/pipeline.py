@@ -243,14 +243,9 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     fz = train.frozen_target(lm_t, vocab_ids)
     prov = {"recipe": c.to_json(), "target": source}
     if "eagle" in c.kinds:
-        hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
-        tc = c.eagle.train
+        hcfg, p0 = _eagle_init(c, tcfg, lm_t, vocab_ids)
+        tc, taps = c.eagle.train, tuple(c.eagle.taps)
         task = train.eagle_task(hcfg, tc)
-        taps = tuple(c.eagle.taps)
-        p0 = eagle_head.init_params(hcfg, tc.seed, n_taps=len(taps), head_vocab=len(vocab_ids) if c.eagle.own_head
-                                    else 0)
-        if c.eagle.own_head:
-            p0 = eagle_head.warm_start(p0, vocab_ids, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
         log(f"[eagle] head: {train.describe(p0)}")
         acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
         log(f"[eagle] held-out acceptance before training {acc0:.4f}")
@@ -283,6 +278,49 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     return summary
+
+
+def _eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfig, dict]:
+    """The head's config and its parameters before training (an own LM head warm-started from the target's)."""
+    hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
+    own = len(vocab_ids) if c.eagle.own_head else 0
+    p0 = eagle_head.init_params(hcfg, c.eagle.train.seed, n_taps=len(c.eagle.taps), head_vocab=own)
+    if own:
+        p0 = eagle_head.warm_start(p0, vocab_ids, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
+    return hcfg, p0
+
+
+def export_head(c: DraftRecipe, workdir: str, step: int | None = None, log=_log) -> str:
+    """Writes the EAGLE head of training checkpoint `step` (None: the latest) of a run in `workdir` as
+    WORKDIR/eagle_head_stepN (a head checkpoint with its SHA256SUMS), while or after the run trains: the points
+    of an acceptance-vs-training curve. Returns the path."""
+    import orbax.checkpoint as ocp
+
+    workdir = os.path.abspath(workdir)
+    ckpt = os.path.join(workdir, "eagle", "ckpt")
+    mngr = ocp.CheckpointManager(ckpt, options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    steps = mngr.all_steps()
+    step = max(steps) if step is None and steps else step
+    if step is None or step not in steps:
+        raise ValueError(f"no training checkpoint {'yet' if step is None else step} in {ckpt} (have {steps})")
+    target, _, source = load_target(c)
+    tcfg = target.cfg.replace(param_dtype="float32", dtype="float32")
+    lm_t = target.serving()
+    vpath = os.path.join(workdir, "vocab.npy")
+    vocab_ids = np.load(vpath) if c.vocab_size > 0 else None
+    hcfg, p0 = _eagle_init(c, tcfg, lm_t, vocab_ids)
+    opt = train.optimizer(c.eagle.train)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {
+        "params": p0, "opt_state": opt.init(p0), "step": np.zeros((), np.int32), "data_index": np.zeros((), np.int32)})
+    state = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+    mngr.close()
+    prov = {"recipe": c.to_json(), "target": source, "step": int(step)}
+    path = store.save_head(os.path.join(workdir, f"eagle_head_step{step}"), hcfg, state["params"], target_cfg=tcfg,
+                           vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype,
+                           taps=tuple(c.eagle.taps))
+    loader.write_manifest(path)
+    log(f"[export] step {step} -> {path}")
+    return path
 
 
 def _size(path: str) -> int:

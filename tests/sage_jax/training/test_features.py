@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sage_jax.engine import Engine, load_engine
+from sage_jax.io import store
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.training import data, features, pipeline, train
@@ -170,6 +171,15 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     assert engine._lm_d.taps == (0, 1)
     out = engine.generate(prompts, policy="sage", max_new_tokens=16)
     assert out.token_ids == ref and out.stats.mean_accepted > 0
+    # a point of the acceptance-vs-training curve: the last training checkpoint, exported on its own
+    path = pipeline.export_head(c, str(tmp_path), None, log=print)
+    assert path.endswith("eagle_head_step40")
+    _, exported, ids, meta = store.load_head(path)
+    _, final, ids_final, _ = store.load_head(e["path"])
+    assert store.head_taps(meta) == (0, 1) and np.array_equal(ids, ids_final) and meta["provenance"]["step"] == 40
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), exported, final)
+    with pytest.raises(ValueError, match="no training checkpoint 7"):
+        pipeline.export_head(c, str(tmp_path), 7)
 
 
 def test_corpus_rows_are_chat_rows_without_held_out_text(smollm2):
