@@ -4,7 +4,7 @@ cross-entropy on the target's argmax beside the KL, and its own trainable final 
 vocabulary (warm-started from the target's rows).
 
 Data: the target's greedy answers (128 new tokens) to 512 corpus + 1,024 extended chat-style WordNet prompts, and
-4,096 teacher-forced rows of train-split Python docs prose and stdlib code in the assistant turn
+2,048 teacher-forced rows of train-split Python docs prose and stdlib code in the assistant turn
 (`sage_jax/training/features.py`); every row's tapped features, last hidden state and argmax in array_record
 shards under WORKDIR/shards. The held-out prompts (`sage_jax/prompts.py`) are in none of them.
 
@@ -13,7 +13,7 @@ shards under WORKDIR/shards. The held-out prompts (`sage_jax/prompts.py`) are in
 
 from sage_jax.training.recipe import DataConfig, DraftRecipe, EagleConfig, TrainConfig
 
-TRAIN = TrainConfig(steps=3000, lr=2e-3, warmup=50, prompt_weight=0.2, head_window=129, unroll=4,
+TRAIN = TrainConfig(steps=2500, lr=2e-3, warmup=50, prompt_weight=0.2, head_window=129, unroll=4,
                     feature_weight=0.0, hard_weight=0.5, eval_every=500, ckpt_every=100)
 
 
@@ -22,6 +22,6 @@ def get_config() -> DraftRecipe:
         target="default", kinds=("eagle",), vocab_size=8192, out_dtype="bfloat16",
         data=DataConfig(n_train=512, n_heldout=32, n_general=1024, n_heldout_general=32, gen_batch=32,
                         general_templates="extended", max_new_tokens=128, max_prompt_tokens=160,
-                        corpus_rows=4096, feature_batch=8),
+                        corpus_rows=2048, feature_batch=8),
         eagle=EagleConfig(taps=(2, 15, 27), own_head=True, train=TRAIN),
     )

@@ -75,7 +75,9 @@ def write_shards(model: LM, rows: dict[str, np.ndarray], directory: str, name: s
                  batch: int = 8, shard_rows: int = 256, log: Callable[[str], None] = print) -> list[str]:
     """Teacher-forces `rows` (the `data.py` layout without features: tokens [N, T], lengths, answer_start, kind)
     through the target in batches of `batch` and writes the records in shards of `shard_rows` rows; shards that
-    exist are kept (resume). Returns the shard paths in order."""
+    exist are kept (resume). Each batch runs at the 32-multiple holding its longest row (rows sorted by length
+    waste little); past the bucket the stored features are zero (past a row's length they are never read).
+    Returns the shard paths in order."""
     n, t = rows["tokens"].shape
     shard_rows = max(batch, shard_rows // batch * batch)
     os.makedirs(directory, exist_ok=True)
@@ -88,10 +90,14 @@ def write_shards(model: LM, rows: dict[str, np.ndarray], directory: str, name: s
         writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
         for b0 in range(s, min(s + shard_rows, n), batch):
             idx = np.arange(b0, min(b0 + batch, n))
-            toks = rows["tokens"][np.concatenate([idx, np.full(batch - len(idx), idx[-1])])]  # one compiled shape
+            # the batch's rows cut to the 32-multiple holding the longest (a compiled shape per bucket, <= T/32)
+            w = min(t, -(-int(np.max(rows["lengths"][idx])) // 32) * 32)
+            toks = rows["tokens"][np.concatenate([idx, np.full(batch - len(idx), idx[-1])]), :w]
             feats, hidden, top = jax.device_get(teacher_forced(model, jnp.asarray(toks), taps))
+            grow = lambda a, w=w: np.pad(a, [(0, t - w)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
             for j, r in enumerate(idx):
-                rec = {"tokens": rows["tokens"][r], "features": feats[j], "hidden": hidden[j], "top": top[j]}
+                rec = {"tokens": rows["tokens"][r], "features": grow(feats[j]), "hidden": grow(hidden[j]),
+                       "top": grow(top[j])}
                 rec.update({key: np.asarray(rows[key][r], np.int32) for key in SCALARS})
                 writer.write(encode_row(rec))
             done_tokens += int(np.sum(rows["lengths"][idx]))

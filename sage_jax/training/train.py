@@ -62,6 +62,14 @@ def _hidden(batch: dict):
     return batch["hidden"] if "hidden" in batch else batch["features"]
 
 
+def head_inputs(params: dict, batch: dict):
+    """The target features a head reads, at width D: its `fuse` of the tapped features, or for a plain head the
+    last hidden state (`hidden` where the rows carry tapped `features`, so both kinds train on the same shards)."""
+    if "fuse" in params:
+        return eagle_head.fuse_features(params, batch["features"])
+    return _hidden(batch)
+
+
 def chain_valid(batch: dict, level: int, idx):
     """[B, W] whether a draft chain of depth level+1 ending at window positions `idx` is one that decoding meets:
     the `level` data tokens it was fed after its true start (x_{t-k+1} .. x_t) are each the target's argmax at
@@ -139,7 +147,7 @@ def _draft_head(cfg: LMConfig, fz: dict, hidden, params: dict | None = None):
 def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
     """f̂ [B, L, D] with the target's true features as inputs (f_{t-1}, x_t)."""
     pos, mask = _causal(batch)
-    prev = eagle_head.shift_features(eagle_head.fuse_features(params, batch["features"]))
+    prev = eagle_head.shift_features(head_inputs(params, batch))
     f_hat, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], batch["tokens"], prev, pos, mask)
     return f_hat
 
@@ -171,7 +179,7 @@ def eagle_unrolled(head_cfg: LMConfig, params, fz, batch, levels: int, window: i
     tokens = batch["tokens"]
     b, length = tokens.shape
     pos, mask = _causal(batch)
-    prev = eagle_head.shift_features(eagle_head.fuse_features(params, batch["features"]))
+    prev = eagle_head.shift_features(head_inputs(params, batch))
     if levels == 1:
         f0, _ = eagle_head.eagle_features(params, head_cfg, fz["embed"], tokens, prev, pos, mask)
         return f0, [], None
@@ -467,7 +475,7 @@ def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth:
     position `starts[b]` (input (f_{t-1}, x_t) true there; then the head feeds its own f̂ and tokens), compared with
     the target's greedy continuation (the stored answer). The bonus token is excluded (τ, not τ+1)."""
     tokens = jnp.asarray(batch["tokens"])
-    feats = eagle_head.fuse_features(params, jnp.asarray(batch["features"]))
+    feats = head_inputs(params, {k: jnp.asarray(v) for k, v in batch.items()})
     b, length = tokens.shape
     cap = length + depth
     starts = jnp.asarray(starts, jnp.int32)

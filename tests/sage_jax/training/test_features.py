@@ -123,9 +123,10 @@ def test_training_time_test_loss_equals_a_plain_loop(target):
 def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_path):
     lm_t = target.serving()
     rng = np.random.default_rng(0)
-    n, length = 11, 12
-    rows = {"tokens": rng.integers(0, 128, (n, length)).astype(np.int32),
-            "lengths": rng.integers(6, length + 1, n).astype(np.int32),
+    n, length = 11, 40
+    lengths = np.sort(rng.integers(6, 30, n)).astype(np.int32)  # sorted, as the pipeline's rows: batches of
+    lengths[-1] = length  # ... rows up to 32 run at width 32, the last batch at the full 40
+    rows = {"tokens": rng.integers(0, 128, (n, length)).astype(np.int32), "lengths": lengths,
             "answer_start": np.full((n,), 4, np.int32), "kind": np.zeros((n,), np.int32)}
     taps = (2, 0)
     paths = features.write_shards(lm_t, rows, str(tmp_path), "train", taps=taps, batch=4, shard_rows=8, log=print)
@@ -136,16 +137,17 @@ def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_pat
     src = features.ShardSource(paths)
     assert len(src) == n
     mask = layers.causal_mask(length, jnp.zeros((1,), jnp.int32))
-    for i in (0, 9):
-        r = src[i]
+    for i in (0, 9, 10):
+        r, m = src[i], rows["lengths"][i]
         hidden, _, tapped = lm_t.forward(jnp.asarray(rows["tokens"][i: i + 1]), jnp.arange(length)[None], mask,
                                           taps=taps)
         np.testing.assert_array_equal(r["tokens"], rows["tokens"][i])
         assert r["features"].dtype == np.float16 and r["features"].shape == (length, 2 * lm_t.cfg.d_model)
-        np.testing.assert_allclose(r["features"], np.asarray(tapped[0]), rtol=2e-3, atol=2e-3)
-        np.testing.assert_allclose(r["hidden"], np.asarray(hidden[0]), rtol=2e-3, atol=2e-3)
-        np.testing.assert_array_equal(r["top"], np.asarray(jnp.argmax(lm_t.head(hidden)[0], -1)))
-        assert int(r["lengths"]) == rows["lengths"][i]
+        np.testing.assert_allclose(r["features"][:m], np.asarray(tapped[0, :m]), rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(r["hidden"][:m], np.asarray(hidden[0, :m]), rtol=2e-3, atol=2e-3)
+        np.testing.assert_array_equal(r["top"][:m], np.asarray(jnp.argmax(lm_t.head(hidden)[0, :m], -1)))
+        assert int(r["lengths"]) == m
+    assert not np.any(src[0]["features"][32:])  # its batch ran at width 32
     got = data.batches(src, 4, seed=0)[0]
     assert got["features"].shape == (4, length, 2 * lm_t.cfg.d_model) and got["top"].shape == (4, length)
 
