@@ -74,7 +74,12 @@ class Stats:
     width_trace: list[int] = dataclasses.field(default_factory=list)
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards
-    accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted nodes per priority rank
+    accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted draft nodes per priority rank
+    # Retrieval chains (`TreePolicy.retrieval`), summed over rows: steps that merged one, the nodes they added to
+    # the trees, and the accepted tokens on those nodes.
+    retrieval_steps: int = 0
+    retrieval_nodes: int = 0
+    retrieval_accepted: int = 0
     budget: tuple[int, int] | None = None  # (node budget, depth cap) the run used; (0, 0): decoded plainly
     row_steps: int = 0  # steps summed over the batch's rows while each was still decoding (τ's denominator)
     prompt_tokens: int = 0  # the prompts' tokens, summed over the batch (visual tokens included)
@@ -321,6 +326,8 @@ class Engine:
         st.prompt_tokens = sum(map(len, ids))
         st.draft_width, st.verify_width = int(state.draft_width), int(state.verify_width)
         st.accepted_at = np.asarray(state.accepted_at).tolist()
+        st.retrieval_steps, st.retrieval_nodes = int(state.r_steps), int(state.r_nodes)
+        st.retrieval_accepted = int(state.r_accepted)
         st.width_trace = np.asarray(state.width_trace)[: st.steps].tolist()
         st.budget = (int(n_b), int(d_b))
         st.draft_prompt_tokens = sum(batch.draft_lens) if cfg.draft_prompt_len else st.prompt_tokens

@@ -172,7 +172,8 @@ class AcceptanceStats:
 
     Attributes: n_max, d_cap: the policy's static sizes; accepted / offered: per priority rank, accepted nodes and
     steps whose budget offered that rank; depth_hist: how many steps accepted exactly τ = d tokens; levels / steps:
-    draft levels run and steps; requests: requests added.
+    draft levels run and steps; requests: requests added; retrieval_nodes / retrieval_accepted: the nodes
+    retrieval chains added and the tokens accepted on them (over the same row-steps as `offered[1]`).
     """
 
     n_max: int
@@ -183,6 +184,8 @@ class AcceptanceStats:
     levels: float = 0.0
     steps: int = 0
     requests: int = 0
+    retrieval_nodes: float = 0.0
+    retrieval_accepted: float = 0.0
 
     def __post_init__(self):
         self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else np.asarray(self.accepted, float)
@@ -200,6 +203,8 @@ class AcceptanceStats:
         self.levels += max(0, stats.draft_forwards - 1 - stats.steps)  # minus prefill and catch-ups
         self.steps += stats.steps
         self.requests += 1
+        self.retrieval_nodes += stats.retrieval_nodes
+        self.retrieval_accepted += stats.retrieval_accepted
 
     def add(self, other: AcceptanceStats) -> None:
         """Adds another record of the same policy sizes (e.g. a prior measured on held-out prompts)."""
@@ -212,6 +217,8 @@ class AcceptanceStats:
         self.levels += other.levels
         self.steps += other.steps
         self.requests += other.requests
+        self.retrieval_nodes += other.retrieval_nodes
+        self.retrieval_accepted += other.retrieval_accepted
 
     def expected_tau(self, n: int, d: int) -> float:
         """E[τ] of a tree cut to `n` nodes and depth `d` (separable: rank statistics × depth statistics)."""
@@ -224,10 +231,19 @@ class AcceptanceStats:
         e_d, e_all = float(np.sum(at_least[1: d + 1])), float(np.sum(at_least[1:]))
         return e_n * (e_d / e_all if e_all > 0 else 1.0)
 
+    def retrieval_per_step(self) -> tuple[float, float]:
+        """(nodes, accepted tokens) that retrieval chains add per row-step. Measured under the budgets the
+        requests ran at (a smaller tree shares fewer of a chain's tokens), which the chooser takes as given."""
+        rows = self.offered[1] if self.offered.size > 1 else 0.0
+        if rows <= 0:
+            return 0.0, 0.0
+        return self.retrieval_nodes / rows, self.retrieval_accepted / rows
+
     def to_json(self) -> dict:
         return {"n_max": self.n_max, "d_cap": self.d_cap, "accepted": self.accepted.tolist(),
                 "offered": self.offered.tolist(), "depth_hist": self.depth_hist.tolist(), "levels": self.levels,
-                "steps": self.steps, "requests": self.requests}
+                "steps": self.steps, "requests": self.requests, "retrieval_nodes": self.retrieval_nodes,
+                "retrieval_accepted": self.retrieval_accepted}
 
     @classmethod
     def from_json(cls, d: dict) -> AcceptanceStats:
@@ -263,15 +279,17 @@ class BudgetChooser:
         self.acceptance.update(stats)
 
     def expected_tau(self, n: int, d: int) -> float:
-        return self.acceptance.expected_tau(n, d)
+        """E[τ] of the draft's tree cut to (n, d), plus what retrieval chains were seen to add."""
+        return self.acceptance.expected_tau(n, d) + self.acceptance.retrieval_per_step()[1]
 
     def step_cost(self, n: int, d: int) -> float:
         a = self.acceptance
         mean_levels = a.levels / a.steps if a.steps else d - 1
         levels = min(d - 1, mean_levels)
         width = min(self.frontier, n)
+        chain_nodes = a.retrieval_per_step()[0]  # the verify forward also carries the chains' own nodes
         return (self.profile.draft_cost(2) + levels * self.profile.draft_cost(width)
-                + self.profile.verify_cost(n))
+                + self.profile.verify_cost(n + round(chain_nodes)))
 
     def candidates(self) -> list[tuple[int, int]]:
         ns = sorted({min(w - 1, self.n_max) for w in self.profile.verify_widths if w >= 2} | {self.n_max})

@@ -44,6 +44,10 @@ class TreePolicy:
       history: the sliding-window hysteresis on D_max (window, low, high; ±1 per step, floor d_min+1, cap d_cap).
       retrieval: L, the length of a prompt-lookup chain merged into every tree (`retrieval.py`; 0 = off,
         at most d_cap); the verified tree then has up to L more nodes.
+      retrieval_gate: a row merges its chain only while the running precision of its recent chains (how many of
+        their leading tokens the target committed, `retrieval.precision`) is at least this; the precision is
+        measured whether or not the chain was merged, so a closed gate reopens when the text starts copying.
+        0 merges every chain.
     """
 
     name: PolicyName = "sage"
@@ -68,6 +72,7 @@ class TreePolicy:
     history_low: float = 2.0
     history_high: float = 3.0
     retrieval: int = 0
+    retrieval_gate: float = 0.5
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -82,6 +87,8 @@ class TreePolicy:
             raise ValueError(f"need 1 <= d_min <= d_max <= d_cap, got {self.d_min}, {self.d_max}, {self.d_cap}")
         if not 0 <= self.retrieval <= self.d_cap:
             raise ValueError(f"retrieval chain length must lie in [0, d_cap={self.d_cap}], got {self.retrieval}")
+        if not 0.0 <= self.retrieval_gate <= 1.0:
+            raise ValueError(f"retrieval_gate must lie in [0, 1], got {self.retrieval_gate}")
         if not 1 <= self.w_min <= self.w_max <= self.top_k:
             raise ValueError(f"need 1 <= w_min <= w_max <= top_k, got {self.w_min}, {self.w_max}, {self.top_k}")
 

@@ -6,12 +6,18 @@ proposes the L tokens that followed it there. The chain is merged into the draft
 the draft already proposed under the same parent is reused, the rest become new nodes in L reserved slots (valid
 nodes stay packed at the front, parents before children, so the verify forward's width bucketing still holds).
 Acceptance treats the chain as any other deterministic candidates, so greedy and sampled decoding stay exact.
+
+A chain costs verify width whether or not it is accepted, and on free text the lookup almost always finds some
+earlier unigram. So each row keeps the running precision of its chains (`precision`: how much of each chain's
+leading run the target committed, measured after every step even when the chain was not merged) and merges its
+chain only while that precision reaches the policy's `retrieval_gate`: on for a row that is copying, off (at no
+cost) for one that is not, and back on within a step or two when it starts.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from sage_jax.decoding.tree import Tree
 
@@ -78,3 +84,21 @@ def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"]) -> 
         count = count + new
         cur = jnp.where(on, jnp.where(have, existing, slot), cur)
     return tree
+
+
+# How fast a row's chain precision forgets: the gate follows the last few steps, so it opens within a step or two
+# of the text starting to copy and closes as quickly when it stops.
+PRECISION_DECAY = 0.5
+
+
+def precision(cand: Int[Array, "B chain"], n_cand: Int[Array, " B"], committed: Int[Array, "B A"],
+              n_committed: Int[Array, " B"]) -> tuple[Float[Array, " B"], Bool[Array, " B"]]:
+    """How much of a chain the target confirmed: of its first m = min(n_cand, n_committed) tokens, the share of
+    the leading run that equals the tokens this step committed (the accepted path and the bonus token); and
+    whether there was anything to check (m > 0). Computable whether or not the chain was merged."""
+    m = jnp.minimum(n_cand, n_committed)
+    span = min(cand.shape[1], committed.shape[1])
+    i = jnp.arange(span)[None]
+    hit = (cand[:, :span] == committed[:, :span]) & (i < m[:, None])
+    run = jnp.sum(jnp.cumprod(hit, axis=1), axis=1)
+    return run / jnp.maximum(m, 1), m > 0

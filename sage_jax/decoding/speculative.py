@@ -82,8 +82,11 @@ class SpecState:
       steps: loop iterations.  sum_tau, n_steps: [B] accepted tokens (bonus excluded) and active steps per row.
       draft_forwards: draft forwards spent (batched).  draft_width, verify_width: summed static widths those
         forwards and the target's verify forwards ran at (with bucketing, what the step really paid for).
-      accepted_at: [ranks] (n_max + 1) how often a node of each priority rank (1 = admitted first) was accepted,
-        over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
+      accepted_at: [ranks] (n_max + 1) how often a draft node of each priority rank (1 = admitted first) was
+        accepted, over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
+      r_score: [B] the running precision of each row's retrieval chains (the gate, `retrieval.precision`).
+      r_steps, r_nodes, r_accepted: row-steps that merged a chain, the nodes the chains added to the trees, and the
+        accepted tokens that sat on those nodes (what retrieval adds to E[τ] and to the verify width).
       alpha_trace, depth_trace, nodes_trace, width_trace, tau_trace: [steps] per-step values of row 0
         (width: the widest level).
     """
@@ -119,6 +122,10 @@ class SpecState:
     draft_width: Int[Array, ""]
     verify_width: Int[Array, ""]
     accepted_at: Int[Array, " ranks"]
+    r_score: Float[Array, " B"]
+    r_steps: Int[Array, ""]
+    r_nodes: Int[Array, ""]
+    r_accepted: Int[Array, ""]
     alpha_trace: Float[Array, " steps"]
     depth_trace: Int[Array, " steps"]
     nodes_trace: Int[Array, " steps"]
@@ -170,7 +177,9 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
         d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
         draft_forwards=jnp.int32(1), draft_width=jnp.int32(t_d), verify_width=jnp.int32(0),
-        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), alpha_trace=jnp.full((n_steps,), jnp.nan, jnp.float32),
+        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32), r_score=jnp.ones((b,), jnp.float32),
+        r_steps=jnp.int32(0), r_nodes=jnp.int32(0), r_accepted=jnp.int32(0),
+        alpha_trace=jnp.full((n_steps,), jnp.nan, jnp.float32),
         depth_trace=jnp.zeros((n_steps,), jnp.int32), nodes_trace=jnp.zeros((n_steps,), jnp.int32),
         width_trace=jnp.zeros((n_steps,), jnp.int32), tau_trace=jnp.zeros((n_steps,), jnp.int32),
     )
@@ -224,7 +233,9 @@ class Draft:
     Attributes: tree (the verified view, valid nodes packed first); pool (every candidate, for α statistics);
     cache: the draft cache after the catch-up and the tree's levels; alpha: [B] the confidence of this step's root
     distribution; alpha_used: [B] the α that shaped this tree; forwards, width: draft forwards spent and their
-    summed static widths.
+    summed static widths; cand / n_cand: [B, L] / [B] the retrieval lookup's chain (L = 0 without retrieval);
+    n_merged: [B] how many of its tokens were offered (0 where the gate was shut); n_head: [B] the tree's nodes
+    before the chain was merged (root included: slots from n_head on are the chain's own).
     """
 
     tree: Tree
@@ -234,6 +245,10 @@ class Draft:
     alpha_used: Float[Array, " B"]
     forwards: Int[Array, ""]
     width: Int[Array, ""]
+    cand: Int[Array, "B chain"]
+    n_cand: Int[Array, " B"]
+    n_merged: Int[Array, " B"]
+    n_head: Int[Array, " B"]
 
 
 def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
@@ -269,10 +284,16 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
     tree, pool, cache, n_levels, level_width = build_tree(
         pol, drafter, cache, s.root, root_logq, alpha, root_feat, shape, root_slot, s.pad_d,
         budget=s.n_budget, bucket_ratio=cfg.bucket_ratio, delta=s.delta_d)
+    n_head = jnp.sum(tree.valid, axis=1).astype(jnp.int32)
+    b = n_head.shape[0]
+    cand, n_cand = jnp.zeros((b, 0), jnp.int32), jnp.zeros((b,), jnp.int32)
+    n_merged = n_cand
     if pol.retrieval:
-        tree = retrieval.merge(retrieval.widen(tree, pol.retrieval), *_lookup(pol.retrieval, s))
+        cand, n_cand = _lookup(pol.retrieval, s)
+        n_merged = jnp.where(s.r_score >= pol.retrieval_gate, n_cand, 0)
+        tree = retrieval.merge(retrieval.widen(tree, pol.retrieval), cand, n_merged)
     return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
-                 width=cu_width + level_width)
+                 width=cu_width + level_width, cand=cand, n_cand=n_cand, n_merged=n_merged, n_head=n_head)
 
 
 def _lookup(length: int, s: SpecState) -> tuple[Int[Array, "B chain"], Int[Array, " B"]]:
@@ -354,14 +375,21 @@ def _keep(active: Bool[Array, " B"], new, old):
     return jnp.where(active.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
 
 
-def commit(cfg: SpecConfig, s: SpecState, tree: Tree, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
-    """Appends the accepted tokens to `out`, writes their keys/values to the target cache, and queues them (the
-    bonus last, the next root) as the draft's pending tokens."""
-    b, a = s.root.shape[0], cfg.policy.d_cap + 1
+def accepted_tokens(cfg: SpecConfig, tree: Tree, v: Verdict) -> Int[Array, "B A"]:
+    """The step's new tokens: the accepted path (root excluded), then the bonus token, then `pad_id`."""
+    b, a = v.tau.shape[0], cfg.policy.d_cap + 1
     i = jnp.arange(a, dtype=jnp.int32)[None]
     path_tokens = jnp.take_along_axis(tree.tokens, v.path, 1)  # root first
     shifted = jnp.concatenate([path_tokens[:, 1:], jnp.zeros((b, 1), jnp.int32)], 1)
-    new = jnp.where(i < v.tau[:, None], shifted, jnp.where(i == v.tau[:, None], v.bonus[:, None], cfg.pad_id))
+    return jnp.where(i < v.tau[:, None], shifted, jnp.where(i == v.tau[:, None], v.bonus[:, None], cfg.pad_id))
+
+
+def commit(cfg: SpecConfig, s: SpecState, tree: Tree, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
+    """Appends the accepted tokens to `out`, writes their keys/values to the target cache, and queues them (the
+    bonus last, the next root) as the draft's pending tokens."""
+    a = cfg.policy.d_cap + 1
+    i = jnp.arange(a, dtype=jnp.int32)[None]
+    new = accepted_tokens(cfg, tree, v)
     eos = is_eos(new, cfg.eos_ids) & (i <= v.tau[:, None])
     n_new = jnp.where(jnp.any(eos, 1), jnp.argmax(eos, 1) + 1, v.tau + 1)
     n_new = jnp.where(active, jnp.minimum(n_new, s.max_new - s.n_gen), 0).astype(jnp.int32)
@@ -380,8 +408,8 @@ def commit(cfg: SpecConfig, s: SpecState, tree: Tree, v: Verdict, active: Bool[A
 # ******** Policy state: α for the next tree, and the τ history that moves D_max. ********
 
 
-def update_policy(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"]
-                  ) -> SpecState:
+def update_policy(cfg: SpecConfig, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
+    pol = cfg.policy
     if pol.alpha_source == "accepted_path_mean":
         node_alpha = jnp.take_along_axis(d.pool.alpha, v.path, 1)
         on = (jnp.arange(v.path.shape[1])[None] <= v.tau[:, None]) & ~jnp.isnan(node_alpha)
@@ -394,8 +422,13 @@ def update_policy(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, 
     full = hist_n >= pol.history_window
     move = jnp.where(full & (mean_tau < pol.history_low), -1, jnp.where(full & (mean_tau > pol.history_high), 1, 0))
     d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
+    r_score = s.r_score
+    if pol.retrieval:  # the gate's precision, from what the target committed whether or not the chain was merged
+        prec, seen = retrieval.precision(d.cand, d.n_cand, accepted_tokens(cfg, d.tree, v), v.tau + 1)
+        decay = retrieval.PRECISION_DECAY
+        r_score = jnp.where(active & seen, decay * s.r_score + (1 - decay) * prec, s.r_score)
     return s.replace(alpha=_keep(active, alpha, s.alpha), d_max=_keep(active, d_max, s.d_max),
-                     hist=_keep(active, hist, s.hist), hist_n=_keep(active, hist_n, s.hist_n))
+                     hist=_keep(active, hist, s.hist), hist_n=_keep(active, hist_n, s.hist_n), r_score=r_score)
 
 
 # ******** Statistics: counters, per-rank acceptance (`budget.py`) and row 0's traces. ********
@@ -414,15 +447,21 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
         rank = jnp.sum(ahead, 2)
     else:
         rank = jnp.broadcast_to(jnp.arange(tree.size), tree.valid.shape)
+    chain = jnp.arange(tree.size)[None] >= d.n_head[:, None]  # the retrieval chain's own nodes: no draft rank
+    rank = jnp.where(chain, pol.n_max + 1, rank)
     i = jnp.arange(v.path.shape[1])[None]
     on_path = (i >= 1) & (i <= v.tau[:, None]) & active[:, None]
     path_rank = jnp.where(on_path, jnp.take_along_axis(rank, v.path, 1), pol.n_max + 1)
+    on_chain = on_path & jnp.take_along_axis(chain, v.path, 1)
+    chain_nodes = jnp.sum(tree.valid & chain, axis=1)
     at = s.steps
     return s.replace(
         steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, v.tau, 0), n_steps=s.n_steps + active,
         draft_forwards=s.draft_forwards + d.forwards, draft_width=s.draft_width + d.width,
         verify_width=s.verify_width + v.width,
         accepted_at=s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop"),
+        r_steps=s.r_steps + jnp.sum(active & (d.n_merged > 0)),
+        r_nodes=s.r_nodes + jnp.sum(jnp.where(active, chain_nodes, 0)), r_accepted=s.r_accepted + jnp.sum(on_chain),
         alpha_trace=s.alpha_trace.at[at].set(d.alpha_used[0]),
         depth_trace=s.depth_trace.at[at].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
         nodes_trace=s.nodes_trace.at[at].set(jnp.sum(tree.valid[0]) - 1),
@@ -439,7 +478,7 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     d = draft(cfg, drafter, s)
     v = verify(cfg, target, s, d.tree, drafter, temperature, sub)
     s = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
-    s = update_policy(cfg.policy, s, d, v, active)
+    s = update_policy(cfg, s, d, v, active)
     return record(cfg.policy, s, d, v, active)
 
 

@@ -1,6 +1,7 @@
 """Retrieval branches: the n-gram lookup finds the latest longest match and proposes what followed it; the merge
 reuses the draft's nodes, appends the rest packed and ancestor-closed; every policy with a retrieval chain stays
-lossless; on a prompt the model copies, the chain is accepted in long runs."""
+lossless; the gate's precision counts the leading run the target confirmed; accepted tokens split exactly into
+draft ranks and chain nodes; on a prompt the model copies, the chain is accepted in long runs."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +64,17 @@ def test_merge_reuses_nodes_and_appends_the_rest():
     assert np.asarray(out.valid)[0].sum() == 4
 
 
+def test_precision_counts_the_leading_confirmed_run():
+    cand = jnp.asarray([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [1, 2, 3, 4]])
+    n_cand = jnp.asarray([4, 4, 2, 0])
+    committed = jnp.asarray([[5, 6, 9, 0, 0], [5, 6, 7, 8, 9], [5, 9, 0, 0, 0], [1, 2, 0, 0, 0]])
+    n_committed = jnp.asarray([3, 5, 2, 2])
+    prec, seen = retrieval.precision(cand, n_cand, committed, n_committed)
+    # 2 of 3 checkable; all 4; 1 of 2 (the run stops at the first miss); nothing proposed: nothing to check
+    np.testing.assert_allclose(np.asarray(prec), [2 / 3, 1.0, 0.5, 0.0])
+    assert np.asarray(seen).tolist() == [True, True, True, False]
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_lm):
     return Engine(tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=()),
@@ -76,6 +88,25 @@ def test_every_policy_with_retrieval_matches_ar(engine):
     for policy in (TreePolicy.eagle2(n_max=8, depth=4, top_k=4, retrieval=4),
                    TreePolicy.sage(n_max=16, frontier=4, retrieval=6)):
         assert engine.generate(prompts, policy=policy, max_new_tokens=40).token_ids == ref, policy.name
+
+
+def test_gate_and_accounting(engine):
+    """Whatever the gate, the output is AR's; a stricter gate merges no more chains; every accepted token sat
+    either on a ranked draft node or on a chain's own node (the budget chooser's two statistics)."""
+    prompts = [[3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7], [9, 10, 11, 12, 9, 10, 11]]
+    ref = engine.generate(prompts, policy="ar", max_new_tokens=40).token_ids
+    merged = []
+    for gate in (0.0, 1.0):
+        out = engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4, retrieval=6, retrieval_gate=gate),
+                              max_new_tokens=40)
+        st = out.stats
+        assert out.token_ids == ref, gate
+        assert sum(st.accepted_at) + st.retrieval_accepted == round(st.mean_accepted * st.row_steps)
+        assert st.retrieval_nodes >= st.retrieval_accepted and st.retrieval_steps <= st.row_steps
+        merged.append(st.retrieval_steps)
+    assert 0 < merged[1] <= merged[0]
+    with pytest.raises(ValueError, match="retrieval_gate"):
+        TreePolicy.sage(retrieval=4, retrieval_gate=1.5)
 
 
 @pytest.mark.slow
