@@ -48,9 +48,11 @@ def encode_row(row: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def decode_row(record: bytes) -> dict[str, np.ndarray]:
+def decode_row(record: bytes, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """A record's arrays (only `keys`, when given: an .npz inflates members on access, so the features of a
+    row are not decoded to read its tokens)."""
     with np.load(io.BytesIO(record)) as z:
-        return {k: z[k] for k in z.files}
+        return {k: z[k] for k in (z.files if keys is None else keys)}
 
 
 @functools.partial(jax.jit, static_argnames=("taps",))
@@ -123,9 +125,10 @@ class ShardSource:
     def __getitem__(self, i):
         return decode_row(self._src[i])
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """Every row stacked in memory (for small held-out sets)."""
-        rows = [self[i] for i in range(len(self))]
+    def arrays(self, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Every row stacked in memory (for small held-out sets), or only the arrays `keys` names (the tokens of
+        a large set)."""
+        rows = [decode_row(self._src[i], keys) for i in range(len(self))]
         return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 

@@ -175,9 +175,7 @@ def _row_meta(data) -> dict[str, np.ndarray]:
     """tokens / lengths / answer_start of every training row, from arrays or from feature shards."""
     if isinstance(data, dict):
         return data
-    keys = ("tokens", "lengths", "answer_start")
-    rows = [{k: r[k] for k in keys} for r in (data[i] for i in range(len(data)))]
-    return {k: np.stack([r[k] for r in rows]) for k in keys}
+    return data.arrays(("tokens", "lengths", "answer_start"))
 
 
 def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict, heldout: dict, workdir: str, log=_log):

@@ -17,12 +17,14 @@ def test_widths():
     assert widths.sizes(16, 1, 1) == (16,)
 
 
-def _chooser(verify_ms, accept_p):
+def _chooser(verify_ms, accept_p, retrieval=(0, 0)):
+    """A chooser after 100 steps at the full budget; `retrieval`: (nodes, accepted tokens) of retrieval chains."""
     prof = budget.CostProfile(device="cpu", verify_widths=[2, 8, 32, 65], verify_ms=verify_ms,
                               draft_widths=[1, 4, 16], draft_ms=[1.0, 1.0, 1.0], ar_ms=verify_ms[0] * 0.8)
     ch = budget.BudgetChooser(prof, n_max=64, d_cap=8, frontier=16)
     stats = type("S", (), dict(budget=(64, 8), steps=100, row_steps=100, tau_trace=[], draft_forwards=101 + 100 * 3,
-                               accepted_at=[0] + [int(100 * p) for p in accept_p]))
+                               accepted_at=[0] + [int(100 * p) for p in accept_p], retrieval_nodes=retrieval[0],
+                               retrieval_accepted=retrieval[1]))
     ch.update(stats)
     return ch
 
@@ -48,6 +50,18 @@ def test_chooser_follows_the_cost_curve():
     marginal = _chooser([1.0, 1.0, 1.0, 1.0], [0.01] + [0.0] * 63)
     marginal.profile.draft_ms, marginal.profile.ar_ms = [0.01] * 3, 1.03
     assert 1.0 < marginal.speedup(*marginal.best()) < marginal.min_gain and marginal.choose() is None
+
+
+def test_chooser_counts_retrieval_chains():
+    """What retrieval chains add per step enters both sides of the model: their accepted tokens E[τ], their nodes
+    the verify width (6 chain nodes lift a 1-node tree from the width-2 bucket to width 8)."""
+    p = [0.5, 0.2] + [0.0] * 62
+    plain = _chooser([10.0, 25.0, 60.0, 120.0], p)
+    chained = _chooser([10.0, 25.0, 60.0, 120.0], p, retrieval=(600, 150))
+    np.testing.assert_allclose(chained.expected_tau(1, 8) - plain.expected_tau(1, 8), 1.5)
+    assert plain.profile.verify_cost(1) == 10.0 and chained.step_cost(1, 8) - plain.step_cost(1, 8) == 15.0
+    back = budget.AcceptanceStats.from_json(chained.acceptance.to_json())
+    assert back.retrieval_per_step() == (6.0, 1.5)
 
 
 def test_profile_cache_roundtrip(tmp_path):
