@@ -86,19 +86,27 @@ def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"]) -> 
     return tree
 
 
-# How fast a row's chain precision forgets: the gate follows the last few steps, so it opens within a step or two
-# of the text starting to copy and closes as quickly when it stops.
-PRECISION_DECAY = 0.5
+# How fast a row's chain precision forgets, per checked token: a step that checked m of the chain's tokens moves
+# the running precision by 1 - 0.7^m of the way to its own, so one lucky 1-token check on free text does not open
+# the gate, while a 4-token confirmed run does (and two short misses close it again).
+PRECISION_DECAY = 0.7
 
 
 def precision(cand: Int[Array, "B chain"], n_cand: Int[Array, " B"], committed: Int[Array, "B A"],
               n_committed: Int[Array, " B"]) -> tuple[Float[Array, " B"], Bool[Array, " B"]]:
     """How much of a chain the target confirmed: of its first m = min(n_cand, n_committed) tokens, the share of
     the leading run that equals the tokens this step committed (the accepted path and the bonus token); and
-    whether there was anything to check (m > 0). Computable whether or not the chain was merged."""
+    how many tokens were checked (m; 0: nothing to check). Computable whether or not the chain was merged."""
     m = jnp.minimum(n_cand, n_committed)
     span = min(cand.shape[1], committed.shape[1])
     i = jnp.arange(span)[None]
     hit = (cand[:, :span] == committed[:, :span]) & (i < m[:, None])
     run = jnp.sum(jnp.cumprod(hit, axis=1), axis=1)
-    return run / jnp.maximum(m, 1), m > 0
+    return run / jnp.maximum(m, 1), m
+
+
+def update_precision(score: Float[Array, " B"], prec: Float[Array, " B"], checked: Int[Array, " B"]
+                     ) -> Float[Array, " B"]:
+    """The running precision after a step that checked `checked` chain tokens with precision `prec`."""
+    w = 1.0 - PRECISION_DECAY ** checked.astype(jnp.float32)
+    return score + w * (prec - score)

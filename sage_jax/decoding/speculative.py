@@ -424,9 +424,8 @@ def update_policy(cfg: SpecConfig, s: SpecState, d: Draft, v: Verdict, active: B
     d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
     r_score = s.r_score
     if pol.retrieval:  # the gate's precision, from what the target committed whether or not the chain was merged
-        prec, seen = retrieval.precision(d.cand, d.n_cand, accepted_tokens(cfg, d.tree, v), v.tau + 1)
-        decay = retrieval.PRECISION_DECAY
-        r_score = jnp.where(active & seen, decay * s.r_score + (1 - decay) * prec, s.r_score)
+        prec, checked = retrieval.precision(d.cand, d.n_cand, accepted_tokens(cfg, d.tree, v), v.tau + 1)
+        r_score = jnp.where(active, retrieval.update_precision(s.r_score, prec, checked), s.r_score)
     return s.replace(alpha=_keep(active, alpha, s.alpha), d_max=_keep(active, d_max, s.d_max),
                      hist=_keep(active, hist, s.hist), hist_n=_keep(active, hist_n, s.hist_n), r_score=r_score)
 

@@ -69,10 +69,14 @@ def test_precision_counts_the_leading_confirmed_run():
     n_cand = jnp.asarray([4, 4, 2, 0])
     committed = jnp.asarray([[5, 6, 9, 0, 0], [5, 6, 7, 8, 9], [5, 9, 0, 0, 0], [1, 2, 0, 0, 0]])
     n_committed = jnp.asarray([3, 5, 2, 2])
-    prec, seen = retrieval.precision(cand, n_cand, committed, n_committed)
+    prec, checked = retrieval.precision(cand, n_cand, committed, n_committed)
     # 2 of 3 checkable; all 4; 1 of 2 (the run stops at the first miss); nothing proposed: nothing to check
     np.testing.assert_allclose(np.asarray(prec), [2 / 3, 1.0, 0.5, 0.0])
-    assert np.asarray(seen).tolist() == [True, True, True, False]
+    assert np.asarray(checked).tolist() == [3, 4, 2, 0]
+    # one checked token moves the running precision 30% of the way, four 76%, none not at all
+    score = retrieval.update_precision(jnp.full((3,), 0.2), jnp.ones((3,)), jnp.asarray([1, 4, 0]))
+    np.testing.assert_allclose(np.asarray(score), [0.2 + 0.3 * 0.8, 0.2 + (1 - 0.7**4) * 0.8, 0.2], rtol=1e-6)
+    assert float(score[0]) < 0.5 <= float(score[1])  # a lucky single token keeps the gate shut; a run opens it
 
 
 @pytest.fixture(scope="module")
