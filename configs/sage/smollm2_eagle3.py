@@ -13,8 +13,8 @@ shards under WORKDIR/shards. The held-out prompts (`sage_jax/prompts.py`) are in
 
 from sage_jax.training.recipe import DataConfig, DraftRecipe, EagleConfig, TrainConfig
 
-TRAIN = TrainConfig(steps=2500, lr=2e-3, warmup=50, prompt_weight=0.2, head_window=129, unroll=4,
-                    feature_weight=0.0, hard_weight=0.5, eval_every=500, ckpt_every=100)
+TRAIN = TrainConfig(steps=800, lr=2e-3, warmup=50, prompt_weight=0.2, head_window=129, unroll=4,
+                    feature_weight=0.0, hard_weight=0.5, eval_every=200, ckpt_every=100)
 
 
 def get_config() -> DraftRecipe:
