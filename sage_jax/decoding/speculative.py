@@ -437,16 +437,16 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
     tree = d.tree
     depth_of_level = jnp.arange(1, pol.d_cap + 1)[:, None]
     level_sizes = jnp.sum(tree.valid[0][None, :] & (tree.depth[0][None, :] == depth_of_level), 1)
-    # Priority rank of each node: pool order for level-built trees, cumulative log-prob for EAGLE-2.
+    chain = jnp.arange(tree.size)[None] >= d.n_head[:, None]  # the retrieval chain's own nodes: no draft rank
+    # Priority rank of each draft node: pool order for level-built trees, cumulative log-prob for EAGLE-2.
     if pol.name == "eagle2":
-        score = jnp.where(tree.valid, tree.logp, -jnp.inf)
+        score = jnp.where(tree.valid & ~chain, tree.logp, -jnp.inf)
         slot = jnp.arange(tree.size)
         ahead = (score[:, None, :] > score[:, :, None]) | (
             (score[:, None, :] == score[:, :, None]) & (slot[None, None, :] < slot[None, :, None]))
         rank = jnp.sum(ahead, 2)
     else:
         rank = jnp.broadcast_to(jnp.arange(tree.size), tree.valid.shape)
-    chain = jnp.arange(tree.size)[None] >= d.n_head[:, None]  # the retrieval chain's own nodes: no draft rank
     rank = jnp.where(chain, pol.n_max + 1, rank)
     i = jnp.arange(v.path.shape[1])[None]
     on_path = (i >= 1) & (i <= v.tau[:, None]) & active[:, None]

@@ -100,12 +100,12 @@ def test_gate_and_accounting(engine):
     prompts = [[3, 4, 5, 6, 7, 8, 3, 4, 5, 6, 7], [9, 10, 11, 12, 9, 10, 11]]
     ref = engine.generate(prompts, policy="ar", max_new_tokens=40).token_ids
     merged = []
-    for gate in (0.0, 1.0):
-        out = engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4, retrieval=6, retrieval_gate=gate),
-                              max_new_tokens=40)
+    policies = [TreePolicy.sage(n_max=16, frontier=4, retrieval=6, retrieval_gate=g) for g in (0.0, 1.0)]
+    for policy in [*policies, TreePolicy.eagle2(n_max=8, depth=4, top_k=4, retrieval=4)]:  # EAGLE-2: ranked by logp
+        out = engine.generate(prompts, policy=policy, max_new_tokens=40)
         st = out.stats
-        assert out.token_ids == ref, gate
-        assert sum(st.accepted_at) + st.retrieval_accepted == round(st.mean_accepted * st.row_steps)
+        assert out.token_ids == ref, policy
+        assert sum(st.accepted_at) + st.retrieval_accepted == round(st.mean_accepted * st.row_steps), policy.name
         assert st.retrieval_nodes >= st.retrieval_accepted and st.retrieval_steps <= st.row_steps
         merged.append(st.retrieval_steps)
     assert 0 < merged[1] <= merged[0]
