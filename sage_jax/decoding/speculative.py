@@ -290,7 +290,7 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
     n_merged = n_cand
     if pol.retrieval:
         cand, n_cand = _lookup(pol.retrieval, s)
-        n_merged = jnp.where(s.r_score >= pol.retrieval_gate, n_cand, 0)
+        n_merged = jnp.where(s.r_score >= pol.retrieval_gate, n_cand, 0) if pol.retrieval_gate > 0 else n_cand
         tree = retrieval.merge(retrieval.widen(tree, pol.retrieval), cand, n_merged)
     return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
                  width=cu_width + level_width, cand=cand, n_cand=n_cand, n_merged=n_merged, n_head=n_head)
@@ -423,7 +423,7 @@ def update_policy(cfg: SpecConfig, s: SpecState, d: Draft, v: Verdict, active: B
     move = jnp.where(full & (mean_tau < pol.history_low), -1, jnp.where(full & (mean_tau > pol.history_high), 1, 0))
     d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
     r_score = s.r_score
-    if pol.retrieval:  # the gate's precision, from what the target committed whether or not the chain was merged
+    if pol.retrieval and pol.retrieval_gate > 0:  # the gate's precision, from what the target committed (merged or not)
         prec, checked = retrieval.precision(d.cand, d.n_cand, accepted_tokens(cfg, d.tree, v), v.tau + 1)
         r_score = jnp.where(active, retrieval.update_precision(s.r_score, prec, checked), s.r_score)
     return s.replace(alpha=_keep(active, alpha, s.alpha), d_max=_keep(active, d_max, s.d_max),
