@@ -142,6 +142,9 @@ class Engine:
         paper's (0.8, 0.9); 0 = the draft sees every visual token); one number sets both.
       prune: how the draft's visual tokens are chosen: "attention" (ranked by the target's prefill attention from
         the prompt's text) or "uniform".
+      attention: how the decoding loops' cache-reading forwards (verify, draft levels, catch-up, a plain decode
+        step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
+        so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
     """
 
     def __init__(self, target: CausalLM | Decoder | VisionLM,
@@ -150,7 +153,7 @@ class Engine:
                  profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
                  description: str | None = None,
                  prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
-                 prune: visual_pruning.Method = "attention"):
+                 prune: visual_pruning.Method = "attention", attention: str = "xla"):
         if isinstance(target, CausalLM | VisionLM) and tokenizer is None:
             tokenizer = target.tokenizer
         self.vision = target if isinstance(target, VisionLM) else None
@@ -161,7 +164,8 @@ class Engine:
         self.prune = prune
         self.prune_ratio = media_batch.ratios(prune_ratio)
         self.target = target
-        self._lm_t = target.serving()  # once: the decoding loops never see the NNX modules
+        self._lm_t = target.serving().with_attention(attention)  # once: the loops never see the NNX modules
+        self.attention = attention
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
@@ -174,6 +178,8 @@ class Engine:
                 draft_spec = DraftSpec(kind="self", n_layers=self_draft_layers(self.cfg.n_layers))
         self.draft_spec = draft_spec
         self._lm_d = draft.serving() if isinstance(draft, CausalLM | Decoder | VisionLM) else draft
+        if self._lm_d is not None:
+            self._lm_d = self._lm_d.with_attention(attention)
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
         self.acceptance_prior = dict(acceptance_prior or {})
@@ -489,7 +495,7 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
                 draft: str | os.PathLike | CausalLM | VisionLM | None = None, draft_layers: int | None = None, *,
                 sampling: SamplingConfig | None = None, dtype: str | None = None, mesh=None,
                 prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
-                prune: visual_pruning.Method = "attention") -> Engine:
+                prune: visual_pruning.Method = "attention", attention: str = "xla") -> Engine:
     """An `Engine` from paths, with the shipped defaults.
 
     `target`: a GGUF file, an HF directory, our LM or VLM checkpoint, or a loaded `CausalLM` / `VisionLM`
@@ -497,8 +503,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     a vision-language target a smaller VLM of its family), or an EAGLE-style head checkpoint (default: for the
     default target its shipped head; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N
     layers instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
-    `prune_ratio`, `prune`: the draft's visual-token pruning (`Engine`). Bad paths and models that do not fit each
-    other raise FileNotFoundError or ValueError with a one-line message.
+    `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas" (`Engine`). Bad
+    paths and models that do not fit each other raise FileNotFoundError or ValueError with a one-line message.
     """
     if draft is not None and draft_layers is not None:
         raise ValueError("give either a draft or draft_layers, not both")
@@ -512,12 +518,12 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     if shipped:
         draft = loader.default_draft()
     n_layers = lm_t.serving().n_layers
-    vis = dict(prune_ratio=prune_ratio, prune=prune)
+    opts = dict(prune_ratio=prune_ratio, prune=prune, attention=attention)
     if draft is None:
         n = draft_layers if draft_layers is not None else self_draft_layers(n_layers)
         if n > n_layers:
             raise ValueError(f"a self-draft of {n} layers: the target has only {n_layers}")
-        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, **vis)
+        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, **opts)
     if isinstance(draft, CausalLM | VisionLM):
         d, desc = draft, f"{'VLM' if isinstance(draft, VisionLM) else 'LM'} {draft.source or 'in memory'}"
     elif store.kind_of(draft) == store.HEAD_KIND:
@@ -533,4 +539,4 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         if v_d != v_t:
             raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")
     prior = {} if isinstance(draft, CausalLM | VisionLM) else store.read_acceptance(draft).get("policies", {})
-    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, **vis)
+    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, **opts)

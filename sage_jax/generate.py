@@ -4,7 +4,7 @@
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
         [--policy {ar,chain,static,eagle2,sage}] [--retrieval L]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-        [--seed S] [--compare] [--json]
+        [--seed S] [--attention {xla,pallas}] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`); other targets default
@@ -19,6 +19,10 @@ smaller VLM of its family (`--draft`), an EAGLE-style head or a self-draft. The 
 draft a pruned set: `--prune-ratio R` (or `R_IMAGE,R_VIDEO`; default 0.8,0.9 as in the paper, 0 = off) of the
 visual tokens are dropped from the draft's prompt, ranked by the target's prefill attention (`--prune uniform`:
 evenly spaced).
+
+`--attention pallas` runs the decoding loop's cache-reading forwards (verify, draft levels, catch-up) through the
+Pallas tree-attention kernel (`pallas_kernels/tree_attention`: Mosaic on TPU, Triton on GPU; interpreted on CPU,
+where it checks the kernel rather than speeding anything up); the output is the same as with `--attention xla`.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--top-k", type=int, metavar="K", default=0, help="0 = all tokens")
     arg("--top-p", type=float, metavar="P", default=1.0)
     arg("--seed", type=int, metavar="S", default=0)
+    arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
+        "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
     arg("--compare", action="store_true", help="also decode with plain AR and report the speedup")
     arg("--json", action="store_true", help="print one JSON object on stdout")
     return ap.parse_args(argv)
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
-                             prune_ratio=args.prune_ratio, prune=args.prune)
+                             prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         if vision:  # the processor outputs: a video on an image-only model or an image it refuses fails here
@@ -153,7 +159,8 @@ def run(args: argparse.Namespace) -> dict:
             if args.budget[0] > pol.n_max or args.budget[1] > pol.d_cap:
                 raise ValueError(f"--budget {args.budget[0]},{args.budget[1]} exceeds the {args.policy} tree "
                                  f"({pol.n_max} nodes, depth {pol.d_cap})")
-    print(f"target {args.target or 'SmolLM2-135M-Instruct (shipped)'}, draft {engine.description}", file=sys.stderr)
+    print(f"target {args.target or 'SmolLM2-135M-Instruct (shipped)'}, draft {engine.description}"
+          f"{', Pallas tree attention' if args.attention == 'pallas' else ''}", file=sys.stderr)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     of = f", {visual} of them visual" if visual else ""
     print(f"generating with policy {args.policy} ({len(ids)} prompt tokens{of}; the first run compiles"

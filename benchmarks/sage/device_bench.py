@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 SIZES = {  # name: (layers, d_model, heads, kv heads, mlp, vocab); "tiny" is a CPU smoke check of this script
     "tiny": (2, 64, 4, 2, 128, 512),
+    "tiny64": (2, 128, 2, 1, 256, 512),  # head dim 64: the tree-attention kernels' smallest (its CPU smoke run)
     "0.5b": (24, 1024, 16, 4, 4096, 32000),
     "1.5b": (28, 1536, 12, 2, 8960, 32000),
     "7b": (28, 3584, 28, 4, 18944, 32000),

@@ -1,7 +1,8 @@
 """`python -m sage_jax.bench`: our AR and speculative decoders vs transformers on the same weights, one process.
 
     python -m sage_jax.bench [--prompts N] [--max-new-tokens 128] [--budget auto|static|N,D] [--methods a,b]
-                             [--sweep 7,31,64] [--no-hf] [--no-ablations] [--out DIR] [--quick]
+                             [--sweep 7,31,64] [--no-hf] [--no-ablations] [--attention xla|pallas] [--out DIR]
+                             [--quick]
 
 Prints a Markdown table; writes DIR/bench.json and DIR/*.png. `--quick`: tiny random target, CI smoke run.
 
@@ -38,6 +39,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sweep", default="", help="also run SAGE at these fixed node budgets, e.g. 7,31,64")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     ap.add_argument("--no-ablations", action="store_true", help="skip the SAGE ablations")
+    ap.add_argument("--attention", choices=("xla", "pallas"), default="xla", help="attention of our decoding "
+                    "loops' forwards: XLA einsums, or the Pallas tree-attention kernel (interpreted on CPU)")
     ap.add_argument("--out", default="out/bench", help="folder for bench.json and the plots")
     ap.add_argument("--quick", action="store_true", help="tiny random target, 3 prompts, 32 tokens (CI smoke)")
     ap.add_argument("--no-progress", action="store_true")

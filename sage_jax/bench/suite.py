@@ -66,24 +66,26 @@ def build(args: argparse.Namespace) -> Suite:
     hf_root = tempfile.mkdtemp(prefix="sage_bench_hf_")
     if args.draft_layers < 1:
         raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
+    att = dict(attention=args.attention)
     if args.quick:
-        target, prompts = _tiny_target()
-        engine = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1))
-        lm_engine, draft_lm, n_lm = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1)), None, 1
+        target, prompts = _tiny_target(head_dim=64 if args.attention == "pallas" else 16)  # the kernels' head dims
+        self_1 = DraftSpec(kind="self", n_layers=1)
+        engine, lm_engine = Engine(target, draft_spec=self_1, **att), Engine(target, draft_spec=self_1, **att)
+        draft_lm, n_lm = None, 1
     else:
         from sage_jax.io.loader import load
 
         with cli.reported(OSError, ValueError):
             # Main draft: --draft, else the shipped head for the default target, else the self-draft.
             main_layers = None if args.draft is not None or args.target is None else args.draft_layers
-            engine = load_engine(args.target, args.draft, main_layers)
+            engine = load_engine(args.target, args.draft, main_layers, **att)
             if engine.tokenizer is None:
                 raise cli.BadInput(f"{args.target} has no tokenizer")
             # LM draft (chain-lm, and transformers' assisted generation): --draft-lm, else the truncated target.
             draft_lm = None if args.draft_lm is None else load(args.draft_lm)
             n_lm = args.draft_layers if draft_lm is None else draft_lm.config.n_layers
-            lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm)) if draft_lm is None
-                         else Engine(engine.target, draft_lm))
+            lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm), **att)
+                         if draft_lm is None else Engine(engine.target, draft_lm, **att))
         texts = bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS]
         prompts = [engine.encode(p) for p in texts]
     methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep)]
@@ -111,7 +113,7 @@ def build(args: argparse.Namespace) -> Suite:
     lm_desc = args.draft_lm or f"self ({n_lm} layers)"
     title = (f"{'tiny random target (--quick)' if args.quick else 'SmolLM2-135M-Instruct'}, greedy, "
              f"{args.max_new_tokens} new tokens, {len(prompts)} {args.prompt_set} prompts; draft {engine.description}; "
-             f"LM draft {lm_desc}")
+             f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile)
 
 
@@ -120,13 +122,13 @@ def _module(target):
     return getattr(target, "module", target)
 
 
-def _tiny_target():
+def _tiny_target(head_dim: int = 16):
     import jax
     from flax import nnx
 
     from sage_jax.models import Decoder, LMConfig
 
-    cfg = LMConfig.tiny(vocab_size=256, n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16,
+    cfg = LMConfig.tiny(vocab_size=256, n_layers=3, d_model=64, n_heads=4, n_kv_heads=2, head_dim=head_dim,
                         mlp_dim=128, eos_token_ids=())
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     # Scaled-up random weights: peaked distributions, so drafts are sometimes right (as in the tests).

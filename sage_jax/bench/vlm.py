@@ -60,11 +60,13 @@ def build(args):
         target = tiny_vlm("qwen2_5_vl", 0, tempfile.mkdtemp(prefix="sage_bench_vlm_"), **kw)
         draft = tiny_vlm("qwen2_5_vl", 1, tempfile.mkdtemp(prefix="sage_bench_vlm_"), n_layers=1, like=target,
                          noise=0.05, **kw)
-        engine = Engine(target, draft, prune=args.prune, prune_ratio=ratios, description="tiny 1-layer VLM")
+        engine = Engine(target, draft, prune=args.prune, prune_ratio=ratios, description="tiny 1-layer VLM",
+                        attention=args.attention)
         images, videos, name = _synthetic_images(), [], "tiny random Qwen2.5-VL pair (--quick)"
     else:
         with cli.reported(OSError, ValueError):
-            engine = load_engine(args.target, args.draft, prune=args.prune, prune_ratio=ratios)
+            engine = load_engine(args.target, args.draft, prune=args.prune, prune_ratio=ratios,
+                                 attention=args.attention)
             if engine.vision is None:
                 raise cli.BadInput(f"--vlm needs a vision-language target; {args.target} is a text LM")
             from sage_jax.io import images as io_images

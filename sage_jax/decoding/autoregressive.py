@@ -18,6 +18,7 @@ from sage_jax.decoding import sampling
 from sage_jax.decoding.tree import causal_visibility
 from sage_jax.models.kv_cache import KVCache
 from sage_jax.models.lm import LM, Probe
+from sage_jax.models.visibility import Visibility
 
 if TYPE_CHECKING:
     from sage_jax.decoding.visual_pruning import Media
@@ -115,7 +116,7 @@ def ar_decode(cfg: ARConfig, model: LM, state: ARState, temperature: Float[Array
         return (s.steps < cfg.max_new_tokens - 1) & ~jnp.all(s.done)
 
     def body(s: ARState):
-        mask = causal_visibility(s.length[:, None], s.pad, s.cache.capacity)
+        mask = Visibility.chain(s.length, s.pad, 1)
         hidden, cache = model.forward(s.last[:, None], (s.length - s.pad + s.delta)[:, None], mask, s.cache, s.length)
         key, sub = jax.random.split(s.key)
         tok = sampling.sample(sub, model.head(hidden)[:, 0], temperature, cfg.sampling)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sage_jax.decoding.drafters import build_drafter
-from sage_jax.decoding.tree import causal_visibility
+from sage_jax.models.visibility import Visibility
 
 
 @dataclasses.dataclass
@@ -88,7 +88,7 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
 
     def positions_mask(w):
         slots = context + jnp.arange(w, dtype=jnp.int32)[None]
-        return slots, causal_visibility(slots, pad, capacity)
+        return slots, Visibility.chain(length, pad, w)  # as the decoding loops pass it
 
     @jax.jit
     def verify(target, cache, tokens):

@@ -22,6 +22,7 @@ from sage_jax.models import eagle_head
 from sage_jax.models.eagle_head import EagleWeights
 from sage_jax.models.kv_cache import KVCache
 from sage_jax.models.lm import LM
+from sage_jax.models.visibility import Visibility
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,11 +68,11 @@ class Drafter(Protocol):
         `embeddings`: the input embeddings of a multimodal prompt, read instead of the tokens')."""
 
     def __call__(self, tokens: Int[Array, "B T"], features: Float[Array, "B T X"], positions: Int[Array, "B T"],
-                 mask: Bool[Array, "B T S"], cache: KVCache, write_pos: Int[Array, " B"]
+                 mask: Bool[Array, "B T S"] | Visibility, cache: KVCache, write_pos: Int[Array, " B"]
                  ) -> tuple[Float[Array, "B T V"], Float[Array, "B T X"], KVCache]:
         """Draft log-probabilities over the full vocabulary at every position, the features it predicts (the input
         `features` are those of each token's predecessor), and the cache with the tokens written at
-        `write_pos[b] + [0, T)`."""
+        `write_pos[b] + [0, T)`; `mask` as `LM.forward` takes it."""
 
 
 def build_drafter(spec: DraftSpec, target: LM, draft: LM | EagleWeights | None) -> Drafter:

@@ -26,6 +26,7 @@ from sage_jax.decoding.tree import Tree, causal_visibility
 from sage_jax.decoding.tree_builder import Pool, build_tree
 from sage_jax.models.kv_cache import KVCache, NewKV
 from sage_jax.models.lm import LM
+from sage_jax.models.visibility import Visibility
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -257,14 +258,14 @@ def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
     log-probabilities and predicted feature, the draft cache, and the width it ran at."""
     a = cfg.policy.d_cap + 1
     slots = s.length_d[:, None] + jnp.arange(a, dtype=jnp.int32)[None]
-    mask = causal_visibility(slots, s.pad_d, s.d_cache.capacity)
+    mask = Visibility.chain(s.length_d, s.pad_d, a)
     positions = slots - s.pad_d[:, None] + s.delta_d[:, None]
     last = (s.n_pending - 1)[:, None, None]  # the root: the last pending token
 
     def at_width(w):
         def run():
             logq, feat, cache = drafter(s.pending[:, :w], s.pending_feat[:, :w], positions[:, :w],
-                                        mask[:, :w], s.d_cache, s.length_d)
+                                        mask.first(w), s.d_cache, s.length_d)
             pick = jnp.minimum(last, w - 1)
             return (jnp.take_along_axis(logq, pick, 1)[:, 0], jnp.take_along_axis(feat, pick, 1)[:, 0], cache,
                     jnp.int32(w))
@@ -330,7 +331,7 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, drafter: Draft
     """The target's forward over the tree (the cache is only read; `commit` writes the accepted rows), then greedy
     acceptance, or for rows with T > 0 sequential rejection sampling (`verify.py`). The accepted path's features
     are what `drafter` reads (`Drafter.read` of the target's hidden states or tapped layer inputs)."""
-    dc, capacity = cfg.policy.d_cap, s.t_cache.capacity
+    dc = cfg.policy.d_cap
     n_tree = jnp.max(jnp.sum(tree.valid, 1))  # root included
     sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
 
@@ -341,8 +342,8 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, drafter: Draft
         def run():
             t = tree.prefix(w)
             positions = (s.length - s.pad + s.delta)[:, None] + t.depth
-            hidden, kv, *tapped = target.forward(t.tokens, positions, t.attention_mask(s.length, s.pad, capacity),
-                                                 s.t_cache, s.length, write=False, taps=drafter.taps)
+            hidden, kv, *tapped = target.forward(t.tokens, positions, t.visibility(s.length, s.pad), s.t_cache,
+                                                 s.length, write=False, taps=drafter.taps)
             best = jnp.argmax(target.head(hidden), axis=-1).astype(jnp.int32)
             feats = tapped[0] if drafter.taps else hidden[..., :0]  # without taps the features are `hidden`'s
             return (grow(hidden), grow(feats), grow(best), jax.tree.map(lambda x: grow(x, 2), kv), jnp.int32(w))

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from sage_jax.models.visibility import Visibility
+
 # EAGLE-1 `mc_sim_7b_63` (25 draft nodes, depth 5, per-level 4/8/8/3/2): SpecVLM's and SAGE's initial tree.
 # Each entry is the path of top-k ranks from the root.
 MC_SIM_7B_63: tuple[tuple[int, ...], ...] = (
@@ -58,23 +60,21 @@ class Tree:
         return Tree(tokens=self.tokens[:, :w], parent=self.parent[:, :w], depth=self.depth[:, :w],
                     logp=self.logp[:, :w], valid=self.valid[:, :w], ancestors=self.ancestors[:, :w, :w])
 
+    def visibility(self, start: Int[Array, " B"], pad: Int[Array, " B"]) -> Visibility:
+        """What the tree's queries see when node i sits at slot start + i: the committed prefix [pad, start) plus
+        the node's own ancestors (and itself)."""
+        return Visibility(pad=pad, start=start, window=self.ancestors)
+
     def attention_mask(self, start: Int[Array, " B"], pad: Int[Array, " B"], capacity: int) -> Bool[Array, "B W S"]:
-        """Visibility of cache slots for the tree's queries when node i sits at slot start + i: the committed
-        prefix [pad, start) plus the node's own ancestors (and itself)."""
-        return tree_visibility(self.ancestors, start, pad, capacity)
+        """`visibility` as a dense [B, W, S] mask over a cache of `capacity` slots."""
+        return self.visibility(start, pad).dense(capacity)
 
 
 def tree_visibility(vis: Bool[Array, "B T U"], start: Int[Array, " B"], pad: Int[Array, " B"],
                     capacity: int) -> Bool[Array, "B T S"]:
     """[B,T,S] mask: slots [pad, start) for everyone, plus slot start + u where vis[b, t, u] (U: the slots this
     step writes past the committed prefix)."""
-    j = jnp.arange(capacity)[None, None, :]
-    committed = (j >= pad[:, None, None]) & (j < start[:, None, None])
-    off = j - start[:, None, None]
-    u = vis.shape[-1]
-    in_tree = (off >= 0) & (off < u)
-    picked = jnp.take_along_axis(vis, jnp.broadcast_to(jnp.clip(off, 0, u - 1), vis.shape[:2] + (capacity,)), -1)
-    return committed | (in_tree & picked)
+    return Visibility(pad=pad, start=start, window=vis).dense(capacity)
 
 
 def template_tables(choices: tuple[tuple[int, ...], ...], frontier: int, top_k: int, max_depth: int

@@ -17,6 +17,7 @@ from sage_jax.decoding import policies, widths
 from sage_jax.decoding import tree as tree_lib
 from sage_jax.decoding.drafters import Drafter
 from sage_jax.models.kv_cache import KVCache
+from sage_jax.models.visibility import Visibility
 
 
 @flax.struct.dataclass
@@ -127,7 +128,7 @@ def build_tree(
     Returns the verified-tree view (valid nodes packed at the front), the pool (for α statistics), the cache,
     the number of draft forwards spent on levels >= 2 and the total width they ran at."""
     b = root.shape[0]
-    r, k, capacity = policy.frontier, policy.top_k, cache.capacity
+    r, k = policy.frontier, policy.top_k
     delta = jnp.zeros((b,), jnp.int32) if delta is None else delta
     budget = jnp.full((b,), policy.n_max, jnp.int32) if budget is None else jnp.clip(budget, 0, policy.n_max)
     pool = Pool.start(root, root_alpha, root_feature, policy.pool_size)
@@ -153,7 +154,7 @@ def build_tree(
         anc = jnp.take_along_axis(pool.ancestors, f_idx[:, :, None], 1)  # [B,R,C]
         onehot = jax.nn.one_hot(dslot, policy.draft_slots, dtype=jnp.float32)  # [B,C,U]; -1 -> all zeros
         vis = jnp.einsum("BRC,BCU->BRU", anc.astype(jnp.float32), onehot) > 0
-        mask = tree_lib.tree_visibility(vis, length, pad, capacity)
+        mask = Visibility(pad=pad, start=length, window=vis)
         positions = (length - pad + delta)[:, None] + (level - 1) + jnp.zeros((b, r), jnp.int32)
         parents = jnp.maximum(jnp.take_along_axis(pool.parent, f_idx, 1), 0)
         feat_in = jnp.take_along_axis(pool.feature, parents[:, :, None], 1)
@@ -161,7 +162,7 @@ def build_tree(
 
         def at_width(w):
             def run():
-                logq, feat_out, c = drafter(f_tok[:, :w], feat_in[:, :w], positions[:, :w], mask[:, :w], cache,
+                logq, feat_out, c = drafter(f_tok[:, :w], feat_in[:, :w], positions[:, :w], mask.first(w), cache,
                                             length + base)
                 tv, ti = jax.lax.top_k(logq, k)
                 alpha = policies.confidence_topk(tv)

@@ -6,6 +6,9 @@ import dataclasses
 from typing import Any, Literal
 
 RopeType = Literal["default", "linear", "llama3", "yarn"]
+Attention = Literal["xla", "pallas"]
+ATTENTIONS: tuple[str, ...] = ("xla", "pallas")
+PALLAS_HEAD_DIMS = (64, 128)  # what `pallas_kernels.tree_attention`'s kernels take
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,6 +40,9 @@ class LMConfig:
       param_dtype / dtype: storage and compute dtypes ("float32" or "bfloat16").
       eos_token_ids: tokens that end a sequence.  pad_token_id: the id used for padding.
       max_position: the context length the weights were trained for (informational; caches may be shorter).
+      attention: how the serving forwards that read a KV cache attend: "xla" (a dense [B, T, S] mask, einsums) or
+        "pallas" (the tree-attention kernel of `pallas_kernels/tree_attention`, interpreted on CPU; head dims 64
+        and 128). A choice of the run, not of the weights: checkpoints do not store it.
     """
 
     vocab_size: int
@@ -55,6 +61,7 @@ class LMConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     max_position: int = 8192
+    attention: Attention = "xla"
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
@@ -64,6 +71,11 @@ class LMConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        if self.attention == "pallas" and self.head_dim not in PALLAS_HEAD_DIMS:
+            raise ValueError(f"the Pallas tree-attention kernels support head dims "
+                             f"{' and '.join(map(str, PALLAS_HEAD_DIMS))}, this model has {self.head_dim}")
 
     def replace(self, **kw) -> LMConfig:
         return dataclasses.replace(self, **kw)
@@ -121,7 +133,9 @@ class LMConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        del d["attention"]  # a choice of the run
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LMConfig:
@@ -130,4 +144,5 @@ class LMConfig:
         rope["mrope_section"] = tuple(rope.get("mrope_section", ()))
         d["rope"] = RopeConfig(**rope)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
+        d.pop("attention", None)
         return cls(**d)

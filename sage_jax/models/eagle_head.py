@@ -137,6 +137,7 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
         return x, None
     if cache.n_layers != 1:
         raise ValueError(f"an EAGLE head's cache has one layer, got {cache.n_layers}")
+    mask = lm.resolve_mask(head_cfg, mask, cache.capacity)
     x, k, v = lm.block(head_cfg, layer, x, positions, cache.k[0], cache.v[0], write_pos, mask)
     return x, KVCache(k=(k,), v=(v,))
 
@@ -181,6 +182,10 @@ class EagleWeights:
     vocab: DraftVocab | None
     cfg: LMConfig = flax.struct.field(pytree_node=False)
     taps: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
+
+    def with_attention(self, attention: str) -> EagleWeights:
+        """This head with its cache-reading forwards attending the `LMConfig.attention` way ("xla" / "pallas")."""
+        return self if attention == self.cfg.attention else self.replace(cfg=self.cfg.replace(attention=attention))
 
     @classmethod
     def build(cls, cfg: LMConfig, params: dict, vocab_ids, target_cfg: LMConfig, target_embed: Float[Array, "V D"],

@@ -24,6 +24,7 @@ from configs.sharding import shard
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, NewKV, write_rows
+from sage_jax.models.visibility import Visibility
 
 # Every op of a model forward or head runs under this name scope, so a profile can tell the model's work from the
 # decoding loop's own (benchmarks/sage/step_profile.py).
@@ -60,12 +61,13 @@ def serving_layer(p: dict) -> dict:
 
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
-          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"],
-          mask_new: Bool[Array, "B T T"] | None = None):
+          write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility,
+          mask_new: Bool[Array, "B T T"] | None = None, *, write: bool = True):
     """One pre-norm transformer layer on a `serving_layer` (feature-major inside, see the module docstring).
     Without a cache, queries attend among themselves. With `mask_new` (`split_mask`) the cache is only read, the
     queries see its slots under `mask` and the new tokens under `mask_new`, and the new keys/values [B, T, K, H]
-    come back in the cache's place (`LM.forward(write=False)`)."""
+    come back in the cache's place (`LM.forward(write=False)`). A `Visibility` mask (`cfg.attention == "pallas"`,
+    `resolve_mask`) runs the tree-attention kernel instead; `write=False` then reads the cache the same way."""
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
     n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -84,6 +86,9 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     sections = cfg.rope.mrope_section  # used only by [B, T, 3] (multimodal) positions
     q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale, sections), ("batch", "seq", "heads", "head_dim"))
     k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale, sections), ("batch", "seq", "kv_heads", "head_dim"))
+    if isinstance(mask, Visibility):
+        o, k_out, v_out = _kernel_attention(q, k, v, k_cache, v_cache, write_pos, mask, write)
+        return _mlp(cfg, p, xm, o, b, t), k_out, v_out
     if k_cache is not None and mask_new is not None:
         o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask, k, v, mask_new)
         return _mlp(cfg, p, xm, o, b, t), k, v
@@ -95,6 +100,45 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask)
     return _mlp(cfg, p, xm, o, b, t), k_cache, v_cache
+
+
+def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
+                      k_cache: Float[Array, "B S K H"], v_cache: Float[Array, "B S K H"],
+                      write_pos: Int[Array, " B"], vis: Visibility, write: bool):
+    """`block`'s attention through `pallas_kernels.tree_attention`: (output, and the cache written, or with
+    `write=False` the new keys/values). The kernel sees the prefix [pad, start) of the cache and U new keys: the
+    window [start, start + U) read back from the cache just written (a draft tree level's queries see the levels
+    before it there), or, reading the cache only, the T fresh keys themselves, which must then be the window."""
+    if k_cache is None:
+        raise ValueError("a Visibility mask needs a KV cache")
+    dt = q.dtype
+    if write:
+        k_cache = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
+        v_cache = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
+        u = vis.window.shape[-1]
+        window = lambda c: jax.vmap(  # noqa: E731
+            lambda c_, s_: jax.lax.dynamic_slice_in_dim(c_, s_, u, axis=0))(c, vis.start)
+        k_new, v_new = window(k_cache), window(v_cache)
+    else:
+        if vis.window.shape[-1] != k.shape[1]:
+            raise ValueError(f"reading the cache only, the window must be the {k.shape[1]} new tokens, "
+                             f"got {vis.window.shape[-1]} slots")
+        k_new, v_new = k, v
+    from pallas_kernels.tree_attention import tree_attention  # here: importing Pallas costs every CLI 0.4 s
+
+    # Interpreted on CPU (no Mosaic / Triton there); `impl="auto"` picks the backend's kernel elsewhere.
+    o = tree_attention(q, k_cache.astype(dt), v_cache.astype(dt), vis.start, vis.pad, k_new.astype(dt),
+                       v_new.astype(dt), vis.window, interpret=jax.default_backend() == "cpu")
+    return (o, k_cache, v_cache) if write else (o, k, v)
+
+
+def resolve_mask(cfg: LMConfig, mask: Bool[Array, "B T S"] | Visibility, capacity: int
+                 ) -> Bool[Array, "B T S"] | Visibility:
+    """What `block` reads: a `Visibility` stays one for the kernel (`cfg.attention == "pallas"`), else it becomes
+    the dense [B, T, S] mask of the XLA path; a dense mask passes through."""
+    if isinstance(mask, Visibility) and cfg.attention != "pallas":
+        return mask.dense(capacity)
+    return mask
 
 
 def split_mask(mask: Bool[Array, "B T S"], write_pos: Int[Array, " B"]
@@ -193,18 +237,23 @@ class LM:
             raise ValueError(f"cannot keep {n} of {self.n_layers} layers")
         return self.replace(layers=self.layers[:n])
 
+    def with_attention(self, attention: str) -> LM:
+        """This model with its cache-reading forwards attending the `LMConfig.attention` way ("xla" / "pallas")."""
+        return self if attention == self.cfg.attention else self.replace(cfg=self.cfg.replace(attention=attention))
+
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.cfg
         return KVCache.zeros(self.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype))
 
     @jax.named_scope(MODEL_SCOPE)
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"] | Int[Array, "B T 3"],
-                mask: Bool[Array, "B T S"],
+                mask: Bool[Array, "B T S"] | Visibility,
                 cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None, *,
                 embeddings: Float[Array, "B T D"] | None = None, write: bool = True, probe: Probe | None = None,
                 taps: tuple[int, ...] = ()) -> tuple:
         """Last-layer hidden states (before the final norm) and the cache with the new keys/values written at
-        `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows.
+        `write_pos[b] + [0, T)`; queries see the cache slots `mask` allows: a dense [B, T, S] mask, or a
+        `Visibility` (what the decoding loops pass: the Pallas kernel reads it under `cfg.attention == "pallas"`).
 
         `write=False` leaves the cache untouched and returns the new keys/values instead (`NewKV`), for the
         caller to commit only the rows it keeps (`KVCache.commit`); queries see the same either way. A speculative
@@ -222,6 +271,8 @@ class LM:
         x = embed_tokens(self.cfg, self.embed, tokens) if embeddings is None else embeddings
         tapped = []
         if cache is None:
+            if isinstance(mask, Visibility):
+                raise ValueError("a Visibility mask ranges over a KV cache; give the cache")
             for i, p in enumerate(self.layers):
                 if i in taps:
                     tapped.append(x)
@@ -229,8 +280,10 @@ class LM:
             return (x, None, _concat(tapped, taps)) if taps else (x, None)
         if cache.n_layers != self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
+        # Once for all layers; a probe reads the dense mask of its rows.
+        mask = resolve_mask(self.cfg, mask, cache.capacity) if probe is None else _dense(mask, cache.capacity)
         mask_new = None
-        if not write:  # once for all layers
+        if not write and not isinstance(mask, Visibility):
             mask, mask_new = split_mask(mask, write_pos)
         ks, vs = [], []
         score = None
@@ -243,7 +296,7 @@ class LM:
             x_in = x
             if i in taps:
                 tapped.append(x)
-            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new)
+            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new, write=write)
             if probe is not None:
                 score = score + probe_attention(self.cfg, p, take(x_in), p_pos, k_l, p_mask, probe.weight)
             ks.append(k_l)
@@ -257,6 +310,10 @@ class LM:
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         return head(self.cfg, self.embed, self.final_norm, self.lm_head, hidden)
+
+
+def _dense(mask: Bool[Array, "B T S"] | Visibility, capacity: int) -> Bool[Array, "B T S"]:
+    return mask.dense(capacity) if isinstance(mask, Visibility) else mask
 
 
 def _concat(tapped: list, taps: tuple[int, ...]) -> Float[Array, "B T Z"]:

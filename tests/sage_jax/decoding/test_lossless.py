@@ -74,3 +74,66 @@ def test_real_smollm2_every_policy_matches_ar(smollm2):
     for name, policy in REAL_POLICIES.items():
         for p, r in zip(prompts, refs, strict=True):
             assert engine.generate([p], policy=policy, max_new_tokens=10).token_ids == r, (name, tok.decode(p))
+
+
+# ******** --attention pallas: the decoding loops through the tree-attention kernel (interpreted on CPU). ********
+
+
+@pytest.fixture(scope="module")
+def tiny_pair_64(tiny_lm):
+    """The tiny pair at head dim 64, which the kernels take."""
+    target = tiny_lm(0, vocab_size=64, n_layers=3, eos_token_ids=(7,), head_dim=64)
+    draft = tiny_lm(1, vocab_size=64, n_layers=1, eos_token_ids=(7,), head_dim=64)
+    return target, draft
+
+
+PALLAS_PROMPTS = [[3, 4, 5, 6, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
+
+
+def _pallas_matches_xla_ar(engine_x, engine_p, prompts, policies, max_new):
+    ref = engine_x.generate(prompts, policy="ar", max_new_tokens=max_new)
+    for name, policy in policies.items():
+        assert engine_p.generate(prompts, policy=policy, max_new_tokens=max_new).token_ids == ref.token_ids, name
+    return ref
+
+
+def test_tiny_pallas_sage_matches_ar(tiny_pair_64):
+    """Rows of different lengths in one batch and a separate draft LM: the target's verify, the draft's tree
+    levels and its catch-up all run through the kernel."""
+    target, draft = tiny_pair_64
+    engine_x, engine_p = Engine(target, draft), Engine(target, draft, attention="pallas")
+    assert engine_p.target_lm.cfg.attention == "pallas" and engine_p._lm_d.cfg.attention == "pallas"
+    _pallas_matches_xla_ar(engine_x, engine_p, PALLAS_PROMPTS, {"sage": "sage"}, 24)
+
+
+@pytest.mark.slow
+def test_tiny_pallas_every_policy_matches_ar(tiny_pair_64):
+    """Every policy, and a self-draft of the target's first 2 layers, whose high acceptance commits deep paths."""
+    target, draft = tiny_pair_64
+    engine_x, engine_p = Engine(target, draft), Engine(target, draft, attention="pallas")
+    ref = _pallas_matches_xla_ar(engine_x, engine_p, PALLAS_PROMPTS, {"ar": "ar", **{n: n for n in POLICIES}}, 40)
+    self_p = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=2), attention="pallas")
+    got = self_p.generate(PALLAS_PROMPTS, policy="sage", max_new_tokens=40)
+    assert got.token_ids == ref.token_ids and got.stats.mean_accepted > 0.5
+
+
+def test_real_smollm2_pallas_sage_with_the_shipped_head(smollm2_path):
+    """The README's pair (SmolLM2-135M-Instruct and its shipped EAGLE head) through the kernel: SAGE with a
+    retrieval chain merged into every tree equals plain greedy decoding on the XLA path."""
+    from sage_jax.engine import load_engine
+
+    engine_x = load_engine()
+    engine_p = load_engine(attention="pallas")
+    prompts = [engine_x.encode(REAL_PROMPTS[0])]
+    _pallas_matches_xla_ar(engine_x, engine_p, prompts, {"sage": TreePolicy.sage(retrieval=8)}, 12)
+
+
+@pytest.mark.slow
+def test_real_smollm2_pallas_every_policy_matches_ar(smollm2_path):
+    from sage_jax.engine import load_engine
+
+    engine_x, engine_p = load_engine(), load_engine(attention="pallas")
+    prompts = [engine_x.encode(p) for p in REAL_PROMPTS[:4]]
+    policies = {"ar": "ar", **{n: TreePolicy.named(n) for n in POLICIES}}
+    ref = _pallas_matches_xla_ar(engine_x, engine_p, prompts, policies, 24)
+    assert "Paris" in engine_x.tokenizer.decode(ref.token_ids[0])
