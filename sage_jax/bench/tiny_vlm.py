@@ -59,17 +59,18 @@ def _vlm_processor(arch: str, directory: str, max_pixels: int) -> None:
     ip.save_pretrained(directory)
 
 
-def _vlm_config(arch: str, d_model: int, n_layers: int, video: bool, max_position: int):
+def _vlm_config(arch: str, d_model: int, n_layers: int, video: bool, max_position: int, head_dim: int = 16):
     from sage_jax.models.config import RopeConfig
     from sage_jax.models.llava_onevision import LlavaOnevisionConfig
     from sage_jax.models.qwen25_vl import Qwen25VLConfig
 
-    text = dict(vocab_size=VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=16,
+    text = dict(vocab_size=VOCAB, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=head_dim,
                 mlp_dim=2 * d_model, qkv_bias=True, tie_embeddings=False, eos_token_ids=(2,), pad_token_id=0,
                 max_position=max_position)
     if arch == "qwen2_5_vl":
         base = Qwen25VLConfig.tiny()
-        return base.replace(text=LMConfig(**text, rope=RopeConfig(theta=1e6, mrope_section=(2, 3, 3))),
+        return base.replace(text=LMConfig(**text, rope=RopeConfig(
+            theta=1e6, mrope_section=tuple(x * head_dim // 16 for x in (2, 3, 3)))),
                             vision=dataclasses.replace(base.vision, out_hidden_size=d_model))
     return LlavaOnevisionConfig.tiny(text=LMConfig(**text, rope=RopeConfig(theta=1e6)), image_token_id=7,
                                      video_token_id=8 if video else None)
@@ -77,19 +78,20 @@ def _vlm_config(arch: str, d_model: int, n_layers: int, video: bool, max_positio
 
 def tiny_vlm(arch: str, seed: int, directory, *, scale: float = 4.0, d_model: int = 64, n_layers: int = 2,
              video: bool = True, like=None, noise: float = 0.0, max_position: int = 1024,
-             max_pixels: int = 112 * 112):
+             max_pixels: int = 112 * 112, head_dim: int = 16):
     """A tiny random VLM with a real tokenizer and image processor (written to `directory`): Qwen2.5-VL or
     LLaVA-OneVision. LM weights scaled by `scale` (peaked distributions). With `like` (another VisionLM of the
     same width), a draft made from it: its first `n_layers` language-model layers, its tower and head, each weight
     times (1 + noise * N(0, 1)), so that it agrees with `like` often but not always. `max_pixels`: the Qwen
-    processor's image size cap (112² gives at most 16 visual tokens an image)."""
+    processor's image size cap (112² gives at most 16 visual tokens an image); `head_dim`: the language model's
+    (64 for the Pallas tree-attention kernels)."""
     from sage_jax.models.llava_onevision import LlavaOnevision
     from sage_jax.models.qwen25_vl import Qwen25VL
     from sage_jax.models.vision_lm import VisionLM
 
     if like is not None:
         d_model = like.config.text.d_model
-    cfg = _vlm_config(arch, d_model, n_layers, video, max_position)
+    cfg = _vlm_config(arch, d_model, n_layers, video, max_position, head_dim)
     module = (Qwen25VL if arch == "qwen2_5_vl" else LlavaOnevision)(cfg, rngs=nnx.Rngs(seed))
     params = nnx.state(module, nnx.Param)
     if like is not None:

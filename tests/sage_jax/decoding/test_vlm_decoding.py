@@ -266,3 +266,17 @@ def test_probe_attention_is_the_layers_softmax(tiny_lm):
     want = np.einsum("bqs,bq->bs", np.asarray(want)[:, 8:10], np.asarray(probe.weight))
     np.testing.assert_allclose(np.asarray(score), want, rtol=1e-4, atol=1e-6)
     assert np.allclose(np.asarray(score).sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow  # 60 s on 2 cores; the text pairs are checked through the kernel in the default suite
+def test_pallas_attention_on_a_vlm_pair(tiny_vlm):
+    """`--attention pallas` on a Qwen2.5-VL pair (M-RoPE positions, a batch mixing images and a video, the draft's
+    prompt pruned to 20% / 10% of the visual tokens and compacted): SAGE equals AR on the XLA path."""
+    target = tiny_vlm("qwen2_5_vl", 0, head_dim=64)
+    draft = tiny_vlm("qwen2_5_vl", 1, n_layers=1, like=target, noise=0.05, head_dim=64)
+    kw = dict(images=IMAGES, videos=VIDEOS, max_new_tokens=16)
+    ref = Engine(target, draft).generate(PROMPTS, policy="ar", **kw)
+    got = Engine(target, draft, attention="pallas").generate(PROMPTS, policy=TreePolicy.sage(n_max=16, frontier=4),
+                                                             **kw)
+    assert got.token_ids == ref.token_ids
+    assert got.stats.draft_prompt_tokens < got.stats.prompt_tokens and got.stats.mean_accepted > 0
