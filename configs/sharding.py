@@ -226,6 +226,37 @@ def shard(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, named_sharding(names, x.shape, mesh, rules))
 
 
+def map_shards(fn: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None], *args):
+    """`fn(*args)` run on every device's shard (`jax.shard_map`), the shards cut by the arrays' logical `in_names`
+    under the current mesh and rules; the output [.., out_names] is put back together the same way. Without a
+    current mesh, plain `fn(*args)`. For ops the partitioner cannot split itself (a Pallas kernel is opaque to it).
+
+    A logical name splits every array it names alike: where its mesh axes do not divide one of those dimensions, it
+    is replicated in all of them (two arrays that must be cut together, such as query heads and the kv heads
+    they group over, are given the same name)."""
+    mesh, rules = current()
+    if mesh is None:
+        return fn(*args)
+    if len(in_names) != len(args):
+        raise ValueError(f"{len(in_names)} name tuples for {len(args)} arguments")
+    table = dict(rules)
+    kept = {}
+    for names, a in zip(in_names, args, strict=True):
+        if len(names) != a.ndim:
+            raise ValueError(f"{len(names)} logical names {tuple(names)} for an array of rank {a.ndim}")
+        for name, dim in zip(names, a.shape, strict=True):
+            if name is not None:
+                target = table[name]
+                axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+                fits = dim % math.prod(mesh.shape[ax] for ax in axes) == 0
+                kept[name] = kept.get(name, True) and fits
+    local = tuple(r for r in rules if kept.get(r[0], True))
+    local += tuple((name, None) for name, ok in kept.items() if not ok)
+    specs = tuple(logical_to_spec(names, local) for names in in_names)
+    out_spec = logical_to_spec(out_names, local)
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)(*args)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Parameters.
 # ---------------------------------------------------------------------------------------------------------------

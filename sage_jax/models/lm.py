@@ -15,12 +15,14 @@ choose their own layouts, so the orientation should cost them nothing (not measu
 
 from __future__ import annotations
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from configs.sharding import shard
+from configs.sharding import map_shards, shard
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, NewKV, write_rows
@@ -126,9 +128,18 @@ def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v:
         k_new, v_new = k, v
     from pallas_kernels.tree_attention import tree_attention  # here: importing Pallas costs every CLI 0.4 s
 
-    # Interpreted on CPU (no Mosaic / Triton there); `impl="auto"` picks the backend's kernel elsewhere.
-    o = tree_attention(q, k_cache.astype(dt), v_cache.astype(dt), vis.start, vis.pad, k_new.astype(dt),
-                       v_new.astype(dt), vis.window, interpret=jax.default_backend() == "cpu")
+    def kernel(*a):  # chosen when lowering, so a CPU host exporting for TPU (`jax.export`) gets the Mosaic kernel
+        return jax.lax.platform_dependent(
+            *a, tpu=functools.partial(tree_attention, impl="tpu"),
+            cuda=functools.partial(tree_attention, impl="gpu"), rocm=functools.partial(tree_attention, impl="gpu"),
+            default=functools.partial(tree_attention, impl="tpu", interpret=True))  # no Mosaic / Triton on CPU
+
+    # Per device under a mesh: rows over the batch axes, kv heads cut exactly as the query heads (so every shard
+    # holds whole GQA groups), hence both named "heads".
+    heads, rows = ("batch", None, "heads", None), ("batch",)
+    o = map_shards(kernel, (heads, heads, heads, rows, rows, heads, heads, ("batch", None, None)), heads,
+                   q, k_cache.astype(dt), v_cache.astype(dt), vis.start, vis.pad, k_new.astype(dt),
+                   v_new.astype(dt), vis.window)
     return (o, k_cache, v_cache) if write else (o, k, v)
 
 
