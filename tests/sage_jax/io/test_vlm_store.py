@@ -261,10 +261,8 @@ def _generate_cli(*args):
                           env=env, timeout=600)
 
 
-def test_generate_cli_decodes_a_vlm_and_refuses_bad_images(hf_vlm, tmp_path):
-    """`python -m sage_jax.generate --target HF_DIR --draft HF_DIR --image ...` decodes with SAGE and draft-side
-    pruning: tokens equal to the model's own greedy `generate`, one JSON object; an image the processor refuses
-    and an unsupported architecture give exit 2 and one line."""
+def test_generate_cli_refuses_bad_vlm_inputs(hf_vlm, tmp_path):
+    """An image the processor refuses and an unsupported architecture give exit 2 and one line."""
     family, path, _ = hf_vlm
     _image(56, 84, 1).save(tmp_path / "a.png")
     bad = []
@@ -281,8 +279,18 @@ def test_generate_cli_decodes_a_vlm_and_refuses_bad_images(hf_vlm, tmp_path):
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert proc.returncode == 2 and proc.stdout == "", proc.stderr
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+
+
+# 90 s on 2 cores; the default suite decodes converted VLM checkpoints through the CLI (test_generate.py's README
+# command) and HF directories through `load` (above).
+@pytest.mark.slow
+def test_generate_cli_decodes_an_hf_vlm_directory(hf_vlm, tmp_path):
+    """`python -m sage_jax.generate --target HF_DIR --draft HF_DIR --image ...` decodes with SAGE and draft-side
+    pruning: tokens equal to the model's own greedy `generate`, one JSON object."""
+    family, path, _ = hf_vlm
     if family != "qwen":
-        return  # one family decodes through the CLI here (test_generate.py decodes converted checkpoints)
+        pytest.skip("one family decodes an HF directory through the CLI")
+    _image(56, 84, 1).save(tmp_path / "a.png")
     proc = _generate_cli("--target", path, "--draft", path, "--image", str(tmp_path / "a.png"), "--prompt",
                          "Describe.", "--max-new-tokens", "8", "--budget", "static", "--prune-ratio", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
