@@ -246,6 +246,8 @@ def map_shards(fn: Callable, in_names: Sequence[Sequence[str | None]], out_names
             raise ValueError(f"{len(names)} logical names {tuple(names)} for an array of rank {a.ndim}")
         for name, dim in zip(names, a.shape, strict=True):
             if name is not None:
+                if name not in table:
+                    raise ValueError(f"unknown logical axis {name!r}; add it to configs/sharding.py")
                 target = table[name]
                 axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
                 fits = dim % math.prod(mesh.shape[ax] for ax in axes) == 0

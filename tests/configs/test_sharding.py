@@ -119,3 +119,22 @@ def test_initialize_distributed_single_host(monkeypatch):
     monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
     assert sharding.initialize_distributed() is False
+
+
+def test_map_shards_runs_per_device_and_replicates_what_does_not_divide(devices):
+    """A function that sees only its shard (a mean over the split axis) shows where the cut fell."""
+    centre = lambda x: x - x.mean(axis=1, keepdims=True)  # noqa: E731
+    x = jnp.arange(24.0).reshape(4, 6) ** 1.5
+    np.testing.assert_allclose(sharding.map_shards(centre, [("batch", "heads")], ("batch", "heads"), x), centre(x))
+    with sharding.use(sharding.make_mesh(data=2, model=2, devices=devices[:4]), "inference"):
+        halves = sharding.map_shards(centre, [("batch", "heads")], ("batch", "heads"), x)
+        odd = jnp.arange(20.0).reshape(4, 5) ** 1.5  # 5 heads on a 2-way axis: replicated
+        whole = sharding.map_shards(centre, [("batch", "heads")], ("batch", "heads"), odd)
+        # A name is cut alike in every array: 5 does not divide, so the 6 are not cut either.
+        pair = sharding.map_shards(lambda a, b: centre(a) + b.sum(), [("batch", "heads"), (None, "heads")],
+                                   ("batch", "heads"), x, odd[:1])
+        with pytest.raises(ValueError, match="unknown logical axis"):
+            sharding.map_shards(centre, [("batch", "rows")], ("batch", "rows"), x)
+    np.testing.assert_allclose(halves, jnp.concatenate([centre(x[:, :3]), centre(x[:, 3:])], 1), rtol=1e-6)
+    np.testing.assert_allclose(whole, centre(odd), rtol=1e-6)
+    np.testing.assert_allclose(pair, centre(x) + odd[:1].sum(), rtol=1e-6)
