@@ -250,8 +250,8 @@ def test_probe_attention_is_the_layers_softmax(tiny_lm):
     pad = jnp.asarray([0, 3])
     positions, mask = prompt_layout(tokens, pad, 12)
     probe = Probe(rows=jnp.asarray([[8, 9], [8, 9]]), weight=jnp.asarray([[0.5, 0.5], [0.0, 1.0]]))
-    _, cache, score = lm.forward(tokens, positions, mask, lm.init_cache(2, 12), jnp.zeros((2,), jnp.int32),
-                                 probe=probe)
+    _, cache, score = jax.jit(lambda m, c: m.forward(tokens, positions, mask, c, jnp.zeros((2,), jnp.int32),
+                                                     probe=probe))(lm, lm.init_cache(2, 12))  # eager: 23 s
     cfg, p = lm.cfg, lm.layers[0]
     x = layers.rms_norm(lm.embed[tokens], p["attn_norm"], cfg.norm_eps)
     nh = cfg.n_heads * cfg.head_dim

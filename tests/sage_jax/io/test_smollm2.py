@@ -110,8 +110,17 @@ def test_greedy_64_tokens_match_transformers(smollm2, smollm2_reference):
     assert ours == ref, (tok.decode(ours), tok.decode(ref))
 
 
-def test_cached_load_is_fast_and_identical(smollm2, smollm2_path, cache_dir):
+def test_cached_load_skips_the_gguf_and_is_identical(smollm2, smollm2_path, cache_dir, monkeypatch):
+    """The second load restores the converted checkpoint without reading the GGUF again (checked by making the
+    GGUF reader fail; a timing comparison flaked on a loaded 2-core machine) and gives the same model."""
+    from sage_jax.io import loader
+
     cfg, model, _, cold_s = smollm2
+
+    def no_gguf(spec):
+        raise AssertionError(f"read {spec} again instead of the conversion cache")
+
+    monkeypatch.setattr(loader, "read", no_gguf)
     t0 = time.perf_counter()
     cfg2, model2, tok2 = load_lm(smollm2_path)
     warm_s = time.perf_counter() - t0
@@ -119,7 +128,6 @@ def test_cached_load_is_fast_and_identical(smollm2, smollm2_path, cache_dir):
     assert cfg2 == cfg and tok2 is not None
     a, b = nnx.to_pure_dict(nnx.state(model)), nnx.to_pure_dict(nnx.state(model2))
     assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a, b))
-    assert warm_s < cold_s
 
 
 @pytest.mark.slow
