@@ -104,6 +104,11 @@ def test_tiny_pallas_sage_matches_ar(tiny_pair_64):
     engine_x, engine_p = Engine(target, draft), Engine(target, draft, attention="pallas")
     assert engine_p.target_lm.cfg.attention == "pallas" and engine_p._lm_d.cfg.attention == "pallas"
     _pallas_matches_xla_ar(engine_x, engine_p, PALLAS_PROMPTS, {"sage": "sage"}, 24)
+    compiles = engine_p.compiles
+    other = [[21, 22], [23, 24, 25, 26], [27, 28, 29, 30, 31, 32, 33]]  # other lengths, the same bucket
+    want = engine_x.generate(other, policy="ar", max_new_tokens=24).token_ids
+    assert engine_p.generate(other, policy="sage", max_new_tokens=24).token_ids == want
+    assert engine_p.compiles == compiles  # no recompile through the kernel path either
 
 
 @pytest.mark.slow
