@@ -70,13 +70,6 @@ class Tree:
         return self.visibility(start, pad).dense(capacity)
 
 
-def tree_visibility(vis: Bool[Array, "B T U"], start: Int[Array, " B"], pad: Int[Array, " B"],
-                    capacity: int) -> Bool[Array, "B T S"]:
-    """[B,T,S] mask: slots [pad, start) for everyone, plus slot start + u where vis[b, t, u] (U: the slots this
-    step writes past the committed prefix)."""
-    return Visibility(pad=pad, start=start, window=vis).dense(capacity)
-
-
 def template_tables(choices: tuple[tuple[int, ...], ...], frontier: int, top_k: int, max_depth: int
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Static per-level tables for a template tree.
