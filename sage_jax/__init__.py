@@ -18,7 +18,8 @@ The public API (imported on first use, so `python -m sage_jax.<cli>` starts fast
     gen = engine.generate(["What is this?"], images=[["cat.png"]])    # image tokens and 10% of a video's
 
 Names: `load`, `load_engine`, `Engine`, `Generation`, `Stats`, `CausalLM`, `VisionLM`, `TreePolicy`, `DraftSpec`,
-`SamplingConfig`, `default_target`, `default_draft`; subpackages `io`, `models`, `decoding`, `training`, `bench`.
+`SamplingConfig`, `default_target`, `default_draft`, `default_vlm`; subpackages `io`, `models`, `decoding`,
+`training`, `bench`.
 
 Dimension names, used in einsum strings, `jaxtyping` annotations and variable suffixes across the package:
 
@@ -53,6 +54,7 @@ _API = {
     "load": "sage_jax.io.loader",
     "default_target": "sage_jax.io.loader",
     "default_draft": "sage_jax.io.loader",
+    "default_vlm": "sage_jax.io.loader",
     "load_engine": "sage_jax.engine",
     "Engine": "sage_jax.engine",
     "Generation": "sage_jax.engine",
@@ -66,14 +68,14 @@ _API = {
 _SUBPACKAGES = ("io", "models", "decoding", "training", "bench", "chat", "prompts", "engine")
 
 __all__ = ["CausalLM", "DraftSpec", "Engine", "Generation", "SamplingConfig", "Stats", "TreePolicy", "VisionLM",
-           "default_draft", "default_target", "load", "load_engine"]
+           "default_draft", "default_target", "default_vlm", "load", "load_engine"]
 
 if TYPE_CHECKING:
     from sage_jax.decoding.drafters import DraftSpec
     from sage_jax.decoding.policies import TreePolicy
     from sage_jax.decoding.sampling import SamplingConfig
     from sage_jax.engine import Engine, Generation, Stats, load_engine
-    from sage_jax.io.loader import default_draft, default_target, load
+    from sage_jax.io.loader import default_draft, default_target, default_vlm, load
     from sage_jax.models.causal_lm import CausalLM
 
 

@@ -501,8 +501,9 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     `target`: a GGUF file, an HF directory, our LM or VLM checkpoint, or a loaded `CausalLM` / `VisionLM`
     (default: the shipped SmolLM2-135M-Instruct). `draft`: an LM with the target's vocabulary (the same kinds; for
     a vision-language target a smaller VLM of its family), or an EAGLE-style head checkpoint (default: for the
-    default target its shipped head; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N
-    layers instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
+    default target the shipped head, for the shipped VLM around it (`loader.DEFAULT_VLM`) that head fine-tuned on
+    the VLM's answers; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N layers
+    instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
     `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas" (`Engine`). Bad
     paths and models that do not fit each other raise FileNotFoundError or ValueError with a one-line message.
     """
@@ -510,13 +511,15 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         raise ValueError("give either a draft or draft_layers, not both")
     if draft_layers is not None and draft_layers < 1:
         raise ValueError(f"draft_layers must be >= 1, got {draft_layers}")
-    shipped = target is None and draft is None and draft_layers is None
+    # The default target drafts with the shipped head by default, the shipped VLM with its own fine-tuned copy.
+    shipped_vlm = isinstance(target, str | os.PathLike) and os.path.abspath(target) == loader.DEFAULT_VLM
+    shipped = draft is None and draft_layers is None and (target is None or shipped_vlm)
     if isinstance(target, CausalLM | VisionLM):
         lm_t = target
     else:
         lm_t = loader.load(target if target is not None else loader.default_target(), dtype=dtype, mesh=mesh)
     if shipped:
-        draft = loader.default_draft()
+        draft = loader.default_vlm_draft() if shipped_vlm else loader.default_draft()
     n_layers = lm_t.serving().n_layers
     opts = dict(prune_ratio=prune_ratio, prune=prune, attention=attention)
     if draft is None:
@@ -531,7 +534,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         cfg, params, vocab_ids, meta = store.load_head(draft, dtype=serving.cfg.dtype)
         d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head,
                                taps=store.head_taps(meta))
-        desc = "shipped EAGLE head (smollm2_eagle)" if shipped else f"EAGLE head {os.fspath(draft)}"
+        desc = (f"EAGLE head {os.fspath(draft)}" if not shipped else "shipped EAGLE head (smollm2_eagle)"
+                if os.fspath(draft) == loader.DEFAULT_DRAFT else "shipped EAGLE head (the VLM's, smollm2_vlm/draft)")
     else:
         d = loader.load(draft, dtype=dtype, mesh=mesh)
         desc = f"{'VLM' if isinstance(d, VisionLM) else 'LM'} {os.fspath(draft)}"

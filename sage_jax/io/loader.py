@@ -118,6 +118,27 @@ def verify_manifest(path: str | os.PathLike) -> None:
             raise ValueError(f"{os.path.join(path, rel)} does not match its sha256 in {file}")
 
 
+# The home-trained LLaVA-OneVision around the default target (`configs/sage/smollm2_vlm.py`, issue 21): its tower,
+# projector and newline only (the language model is the default target's), used when `generate` gets `--image`.
+DEFAULT_VLM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_vlm")
+
+
+def default_vlm() -> str:
+    """Path of the shipped home-trained VLM (its files checked against their sha256)."""
+    if not os.path.isfile(os.path.join(DEFAULT_VLM, "metadata.json")):
+        raise FileNotFoundError(f"the shipped VLM is missing from this checkout ({DEFAULT_VLM}); train one with "
+                                f"`python -m sage_jax.train_vlm --config smollm2_vlm` and pass --target")
+    verify_manifest(DEFAULT_VLM)
+    return DEFAULT_VLM
+
+
+def default_vlm_draft() -> str | None:
+    """The shipped VLM's draft: the shipped head fine-tuned on its answers (`DEFAULT_VLM/draft`), else the
+    shipped text head (or None)."""
+    own = os.path.join(default_vlm(), "draft")
+    return own if os.path.isfile(os.path.join(own, "metadata.json")) else default_draft()
+
+
 def default_draft() -> str | None:
     """Path of the shipped draft for the default target (its files checked against their sha256), or None when
     this checkout does not have it."""

@@ -213,6 +213,30 @@ def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: 
     return path
 
 
+#: `config["language_model"]` of a checkpoint that stores no language model: it is the shipped default target's.
+DEFAULT_LM = "default"
+
+
+def save_adapter(out: str | os.PathLike, cfg, params: dict, tokenizer, processor_dir: str, *,
+                 overwrite: bool = False, provenance: dict | None = None) -> str:
+    """A LLaVA-OneVision trained around the shipped SmolLM2-135M-Instruct (`sage_jax.train_vlm`) -> our checkpoint
+    of everything but its language model (tower, projector, image_newline; megabytes, not the LM's 540), marked
+    `"language_model": "default"`: `load_checkpoint` takes the LM from the default target, checked against
+    `cfg.text`. Returns the checkpoint's path."""
+    from sage_jax.io import store
+
+    if "lm" in params:
+        raise ValueError("save_adapter stores no language model; drop params['lm']")
+    with checkpoint.Writer(out, overwrite=overwrite) as writer:
+        for name, value in hf.flatten(params).items():
+            writer.put(name, np.asarray(jax.device_get(value)))
+        path = writer.commit(config={"architecture": "llava_onevision", "model": cfg.to_json(),
+                                     "language_model": DEFAULT_LM}, kind=VLM_KIND, provenance=provenance or {})
+    tokenizer.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+    _copy_processor_files(processor_dir, path)
+    return path
+
+
 def read_config(path: str | os.PathLike) -> tuple[Architecture, Any]:
     """(family, config) of our VLM checkpoint."""
     meta = checkpoint.read_metadata(path)
@@ -228,7 +252,33 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=N
     cfg = with_dtype(arch, cfg, dtype)
     from sage_jax.io import store
 
+    if checkpoint.read_metadata(path)["config"].get("language_model") == DEFAULT_LM:
+        return arch, cfg, _with_default_lm(path, arch, cfg, mesh)
     return arch, cfg, store.restore_module(path, *abstract(arch, cfg), mesh)
+
+
+def _with_default_lm(path, arch: Architecture, cfg, mesh):
+    """The module of a `save_adapter` checkpoint: its own parameters restored, the language model's loaded from
+    the shipped default target (which must be the LM the checkpoint was trained around)."""
+    from sage_jax.io import loader
+
+    text_cfg, decoder, _ = loader.load_lm(loader.default_target(), dtype=cfg.text.param_dtype, mesh=mesh)
+    want = {k: v for k, v in cfg.text.to_json().items() if k not in ("param_dtype", "dtype")}
+    have = {k: v for k, v in text_cfg.to_json().items() if k not in ("param_dtype", "dtype")}
+    if want != have:
+        differ = sorted(k for k in want if want[k] != have.get(k))
+        raise checkpoint.CheckpointError(f"{os.fspath(path)} was trained around another language model than the "
+                                         f"default target (config differs in {', '.join(differ)})")
+    graphdef, state = abstract(arch, cfg)
+    own = {k: v for k, v in nnx.to_pure_dict(state).items() if k != "lm"}
+    if mesh is None:
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        own = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), own)
+    else:
+        shard_of = {k: v for k, v in nnx.to_pure_dict(sharding.state_shardings(state, mesh)).items() if k != "lm"}
+        own = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), own, shard_of)
+    nnx.replace_by_pure_dict(state, {**checkpoint.restore(path, own), "lm": decoder.params()})
+    return nnx.merge(graphdef, state)
 
 
 def load_hf(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):

@@ -1,0 +1,55 @@
+"""`python -m sage_jax.train_vlm --config NAME_OR_FILE [--workdir DIR] [--set key=value ...]`
+
+Trains the home-trained vision-language model of a recipe (`configs/sage/<name>.py`, or any .py file whose
+`get_config()` returns a `sage_jax.training.vlm_recipe.VLMRecipe`): a LLaVA-OneVision tower and projector around
+the shipped SmolLM2-135M-Instruct, on images that ship offline (`sage_jax/training/vlm_train.py` for the stages and
+the work-directory layout). Rerunning resumes. Writes WORKDIR/vlm (load it with `--target WORKDIR/vlm`),
+WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line `error: ...` on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from configs import cli
+
+
+def _main(argv: list[str] | None) -> int:
+    p = cli.Parser(prog="python -m sage_jax.train_vlm", description=__doc__.split("\n\n")[1])
+    p.add_argument("--config", required=True, help="a recipe name under configs/sage, or a .py file")
+    p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set align.steps=10 (repeatable)")
+    p.add_argument("--heldout", type=int, default=100, metavar="N",
+                   help="held-out Fashion-MNIST test images answered at the end (default 100)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    from sage_jax.training.vlm_recipe import VLMRecipe
+
+    recipe = cli.load_config(args.config, "configs.sage", VLMRecipe)
+    for item in args.set:
+        recipe = cli.override(recipe, item)
+    if not 1 <= args.heldout <= 10_000:
+        raise cli.BadInput(f"--heldout must be in [1, 10000], got {args.heldout}")
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    workdir = args.workdir or os.path.join("runs", name)
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
+    from sage_jax.io.loader import cache_dir
+    from sage_jax.training import vlm_train
+
+    cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
+    with cli.reported(ValueError, FileNotFoundError):
+        summary = vlm_train.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

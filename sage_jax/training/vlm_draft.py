@@ -1,0 +1,155 @@
+"""Stage 3 of the home-trained VLM: its draft, the shipped EAGLE-style text head fine-tuned on the VLM's own answers.
+
+The text head was trained on SmolLM2's features of text; in an image prompt it reads visual features it never saw,
+and the VLM's answers ("The image shows an ankle boot.") are phrases it never drafted. So the VLM answers
+`draft_rows` training images (its greedy answers: the tokens speculative decoding must reproduce), one target
+forward gives every row's last hidden states, and the head is trained teacher-forced on them, as at decoding time:
+pairs (f_{t-1}, x_t) with the visual features as the inputs x_t of the visual slots, hard cross-entropy on the
+next token of the answer over the head's reduced vocabulary.
+
+    WORKDIR/draft/ckpt/, WORKDIR/draft/losses.json     the head's training (resumable, `vlm_train.run_stage`)
+    WORKDIR/draft_head/                                the fine-tuned head (kind "eagle_head")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sage_jax.models import eagle_head
+from sage_jax.models import llava_onevision as lo
+from sage_jax.models import lm as lm_lib
+from sage_jax.training import vlm_data, vlm_model, vlm_train
+from sage_jax.training.vlm_recipe import VLMRecipe
+
+
+def rollout(c: VLMRecipe, parts: vlm_train.Parts, params: dict, n: int, max_new: int = 24, batch: int = 32
+            ) -> dict[str, np.ndarray]:
+    """`n` training images (the recipe's mix) with questions from the templates, answered greedily by the VLM:
+    left-padded prompt + answer (+ <|im_end|>) rows, and the images' pixels. One compile (fixed width)."""
+    cfg, tok = parts.cfg, parts.tokenizer
+    rng = np.random.default_rng([c.seed, 4])
+    picks = vlm_train._draw(c, parts.data, rng, n)
+    prompts = vlm_train.Prompts(cfg, tok)
+    ids = [prompts.prompt(vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0]) for s, r in picks]
+    images = np.stack([parts.data[s].pixels[r] for s, r in picks])
+    width = max(len(x) for x in ids)
+    pad = cfg.text.pad_token_id
+    tokens = np.full((n, width), pad, np.int32)
+    valid = np.zeros((n, width), bool)
+    for i, x in enumerate(ids):
+        tokens[i, width - len(x):], valid[i, width - len(x):] = x, True
+    full = {**params, "lm": parts.lm_params}
+    out = np.zeros((n, max_new), np.int32)
+    for i in range(0, n, batch):  # the last batch padded with copies of its first row: the same shapes, no compile
+        rows = np.arange(i, min(i + batch, n))
+        take = np.concatenate([rows, np.full(batch - len(rows), rows[0])])
+        tok_b, val_b = tokens[take], valid[take]
+        slots = np.flatnonzero(tok_b.reshape(-1) == cfg.image_token_id).astype(np.int32)
+        tiles = vlm_model.pixels(images[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+        pos = np.maximum(np.cumsum(val_b, axis=1) - 1, 0).astype(np.int32)
+        gen = lo._generate(cfg, vlm_train._plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None, val_b,
+                           pos)
+        out[rows] = np.asarray(gen)[: len(rows)]
+    eos = cfg.text.eos_token_ids[0]
+    seq = np.full((n, width + max_new), pad, np.int32)
+    seq_valid = np.zeros(seq.shape, bool)
+    answer = np.zeros(seq.shape, bool)  # slot t scores its prediction of token t + 1, an answer token
+    for i in range(n):
+        a = list(out[i])
+        a = a[: a.index(eos) + 1] if eos in a else a
+        seq[i, :width], seq[i, width: width + len(a)] = tokens[i], a
+        seq_valid[i, :width], seq_valid[i, width: width + len(a)] = valid[i], True
+        answer[i, width - 1: width - 1 + len(a)] = True
+    return {"tokens": seq, "valid": seq_valid, "answer": answer, "images": images}
+
+
+def features(parts: vlm_train.Parts, params: dict, rows: dict[str, np.ndarray], batch: int = 16
+             ) -> dict[str, np.ndarray]:
+    """`rows` with the target's inputs (visual features spliced in) and last hidden states of every slot."""
+    cfg, lm = parts.cfg, parts.lm_serving
+
+    @jax.jit
+    def forward(params, lm, tokens, valid, tiles):
+        b, t = tokens.shape
+        slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * vlm_train._n_visual(cfg))[0]
+        x = lo._embed(cfg, vlm_train._plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, tiles, None,
+                      slots.astype(jnp.int32), None)
+        positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
+        mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
+        hidden, _ = lm.forward(None, positions, mask, embeddings=x)
+        return x, hidden
+
+    n = len(rows["tokens"])
+    embs, hiddens = [], []
+    for i in range(0, n, batch):
+        take = np.arange(i, i + batch) % n  # a full last batch (one compile); the extra rows are dropped
+        tiles = vlm_model.pixels(rows["images"][take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+        x, h = forward(params, lm, rows["tokens"][take], rows["valid"][take], tiles)
+        keep = min(batch, n - i)
+        embs.append(np.asarray(x)[:keep])
+        hiddens.append(np.asarray(h)[:keep])
+    return {**{k: v for k, v in rows.items() if k != "images"}, "embeddings": np.concatenate(embs),
+            "hidden": np.concatenate(hiddens)}
+
+
+def head_loss(head_cfg, head: dict, fixed: dict, batch: dict):
+    """Teacher-forced hard cross-entropy of the head on the answers' next tokens (those in its vocabulary)."""
+    tokens, valid = batch["tokens"], batch["valid"]
+    t = tokens.shape[1]
+    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
+    mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
+    feats, _ = eagle_head.eagle_features(head, head_cfg, fixed["embed"], tokens,
+                                         eagle_head.shift_features(batch["hidden"]), positions, mask,
+                                         embeddings=batch["embeddings"])
+    logits = lm_lib.head(head_cfg, None, fixed["final_norm"], fixed["vocab_head"], feats).astype(jnp.float32)
+    nxt = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)
+    idx = fixed["index"][nxt]  # the next token's column in the reduced vocabulary, -1 outside it
+    w = (batch["answer"] & (idx >= 0)).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    ce = -jnp.take_along_axis(logp, jnp.maximum(idx, 0)[..., None], axis=-1)[..., 0]
+    hit = (jnp.argmax(logits, -1) == idx) * w
+    return (ce * w).sum() / jnp.maximum(w.sum(), 1.0), {"acc": hit.sum() / jnp.maximum(w.sum(), 1.0)}
+
+
+def train_head(c: VLMRecipe, parts: vlm_train.Parts, params: dict, head_path: str, workdir: str, *,
+               progress: bool = True, log: Callable[[str], None] = vlm_train._log, stop_at: int | None = None
+               ) -> tuple[object, dict, np.ndarray, dict]:
+    """Fine-tunes the head at `head_path` on the VLM's answers (module docstring); returns (head config, trained
+    head params, vocabulary ids, the head checkpoint's metadata)."""
+    from sage_jax.io import store
+
+    head_cfg, head, vocab_ids, meta = store.load_head(head_path)
+    if store.head_taps(meta):
+        raise ValueError(f"{head_path} fuses target layers {store.head_taps(meta)}; the VLM draft stage takes a "
+                         f"plain EAGLE-style head (the last hidden state)")
+    if vocab_ids is None or "lm_head" in head:
+        raise ValueError(f"{head_path}: the VLM draft stage takes a head over a reduced vocabulary of the target's "
+                         f"LM-head rows")
+    lm = parts.lm_serving
+    index = np.full(parts.cfg.text.vocab_size, -1, np.int32)
+    index[np.asarray(vocab_ids)] = np.arange(len(vocab_ids), dtype=np.int32)
+    vocab_head = (lm.embed if lm.lm_head is None else lm.lm_head.T)[np.asarray(vocab_ids)].T
+    fixed = {"embed": lm.embed, "final_norm": lm.final_norm, "vocab_head": vocab_head, "index": jnp.asarray(index)}
+    data_file = os.path.join(workdir, "draft", "data.npz")
+    if os.path.isfile(data_file):
+        data = dict(np.load(data_file))
+    else:
+        log(f"draft: the VLM answers {c.draft_rows} training images (greedy), then one target forward over them")
+        data = features(parts, params, rollout(c, parts, params, c.draft_rows))
+        os.makedirs(os.path.dirname(data_file), exist_ok=True)
+        np.savez(data_file + ".tmp.npz", **data)
+        os.replace(data_file + ".tmp.npz", data_file)
+    sc = c.draft
+
+    def batch_fn(step: int) -> dict:
+        rows = np.random.default_rng([c.seed, 5, step]).integers(len(data["tokens"]), size=sc.batch_size)
+        return {k: data[k][rows] for k in ("tokens", "valid", "answer", "embeddings", "hidden")}
+
+    trained = vlm_train.run_stage("draft", sc, head, lambda p, f, b: head_loss(head_cfg, p, f, b), batch_fn,
+                                  workdir, frozen=fixed, progress=progress, log=log, stop_at=stop_at)
+    return head_cfg, trained, np.asarray(vocab_ids), meta

@@ -1,0 +1,85 @@
+"""The pieces of the home-trained VLM around its weights: config, tokenizer, image processor, fast pixel path.
+
+- **Config**: LLaVA-OneVision with SmolLM2-135M-Instruct as its language model, an image-only model (no video
+  token), one 28x28 tile: a 28x28 image gives the base tile's 49 tokens and the 7x7 grid with a newline per row
+  (56), 105 visual tokens.
+- **Tokenizer**: SmolLM2's, with its unused special token 16 (`<empty_output>`) renamed `<image>`, so every id
+  and the vocabulary size stay the target's (the shipped EAGLE head and any text draft still fit); the chat
+  template is SmolLM2's, extended to content lists (`{"type": "image"}` writes `<image>\\n` before the text).
+- **Image processor**: transformers' `LlavaOnevisionImageProcessorPil` at 28x28 with the single pinpoint
+  (28, 28); `pixels` is the same computation for images already 28x28 (asserted against the processor in
+  `tests/sage_jax/training/test_vlm_train.py`), used by training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from sage_jax.models.config import LMConfig
+from sage_jax.models.llava_inputs import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from sage_jax.models.llava_onevision import LlavaOnevisionConfig
+from sage_jax.models.siglip import SiglipConfig
+
+IMAGE_TOKEN_ID = 16
+IMAGE_TOKEN = "<image>"
+TILE = 28
+_RENAMED = "<empty_output>"
+_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\n" + _SYSTEM + "<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for c in message['content'] %}{% if c['type'] == 'image' %}{{ '<image>\n' }}"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def config(text: LMConfig, vision: SiglipConfig) -> LlavaOnevisionConfig:
+    if vision.image_size != TILE:
+        raise ValueError(f"the home-trained VLM takes {TILE}-pixel tiles, got image_size {vision.image_size}")
+    return LlavaOnevisionConfig(text=text, vision=vision, image_token_id=IMAGE_TOKEN_ID, video_token_id=None,
+                                vision_feature_layer=-1, vision_feature_select_strategy="full",
+                                image_grid_pinpoints=((TILE, TILE),), projector_act="gelu", projector_bias=True)
+
+
+def tokenizer(text_tokenizer):
+    """SmolLM2's tokenizer with id 16 renamed `<image>` and the multimodal chat template (module docstring)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    if text_tokenizer.convert_ids_to_tokens(IMAGE_TOKEN_ID) != _RENAMED:
+        raise ValueError(f"expected SmolLM2's tokenizer (id {IMAGE_TOKEN_ID} = {_RENAMED})")
+    spec = json.loads(text_tokenizer.backend_tokenizer.to_str())
+    for t in spec["added_tokens"]:
+        if t["id"] == IMAGE_TOKEN_ID:
+            t["content"] = IMAGE_TOKEN
+    vocab = spec["model"]["vocab"]
+    vocab[IMAGE_TOKEN] = vocab.pop(_RENAMED)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                               eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                               bos_token="<|im_start|>", unk_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def write_processor(directory: str | os.PathLike) -> str:
+    """Writes the image processor's `preprocessor_config.json` to `directory`; returns the directory."""
+    import transformers
+
+    ip = transformers.LlavaOnevisionImageProcessorPil(size={"height": TILE, "width": TILE},
+                                                      image_grid_pinpoints=[[TILE, TILE]], do_pad=True)
+    os.makedirs(directory, exist_ok=True)
+    ip.save_pretrained(os.fspath(directory))
+    return os.fspath(directory)
+
+
+def pixels(images: np.ndarray) -> np.ndarray:
+    """[N, 28, 28, 3] uint8 -> the processor's pixel_values [N, 2, 3, 28, 28] (base tile, the one grid tile)."""
+    if images.shape[1:] != (TILE, TILE, 3) or images.dtype != np.uint8:
+        raise ValueError(f"expected [N, {TILE}, {TILE}, 3] uint8 images, got {images.shape} {images.dtype}")
+    x = (images.astype(np.float32) / 255.0 - np.float32(OPENAI_CLIP_MEAN)) / np.float32(OPENAI_CLIP_STD)
+    x = x.transpose(0, 3, 1, 2)
+    return np.stack([x, x], axis=1)

@@ -1,0 +1,56 @@
+"""The frozen config of a home-trained VLM (`python -m sage_jax.train_vlm --config ...`): a LLaVA-OneVision whose
+language model is the shipped SmolLM2-135M-Instruct, frozen, and whose SigLIP-style tower and projector are trained
+here in two stages (`sage_jax/training/vlm_train.py`):
+
+1. **tower**: the tower alone, as an image classifier over every source's classes (a mean-pooled linear probe,
+   thrown away afterwards): cheap, and it gives the tower features that already separate the classes;
+   Then the projector's last layer is fitted in closed form (ridge regression) so that each visual token lands
+   on the LM's embedding of its class's name, and `image_newline` on the embedding of "\\n": the frozen LM then
+   reads an image as a word it knows before any gradient flows through it;
+2. **align**: tower (at a lower rate), projector and `image_newline` under the frozen language model's
+   cross-entropy on the answers of the image question / answer pairs (`vlm_data.py`);
+3. **draft** (when `draft` is set): the shipped EAGLE-style text head fine-tuned on the VLM's own greedy answers
+   to `draft_rows` training images (`vlm_draft.py`), so that the pair speculates on image prompts.
+
+A config file in `configs/sage/` defines `get_config() -> VLMRecipe`; `--set a.b=value` overrides one field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sage_jax.models.siglip import SiglipConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageConfig:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int = 20
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    ckpt_every: int = 50
+    eval_every: int = 0  # align stage: greedy answers on held-out Fashion-MNIST test images every N steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VLMRecipe:
+    vision: SiglipConfig
+    tower: StageConfig
+    align: StageConfig
+    draft: StageConfig | None = None
+    draft_rows: int = 512  # training images the VLM answers for the draft stage
+    tower_lr_scale: float = 0.1  # align stage: the tower's learning rate relative to the projector's
+    mix: tuple[float, float, float] = (0.8, 0.12, 0.08)  # sampling weights of fashion, digits, photos
+    photo_crops: int = 64  # random crops of each scikit-image photo
+    seq_len: int = 112  # align stage: tokens per row (prompt with its visual tokens, answer, padding)
+    answer_len: int = 24  # align stage: answer tokens scored per row
+    warm_start: bool = True  # fit the projector's last layer by ridge regression before the align stage
+    ridge_images: int = 2048  # images whose tower features the ridge fit reads
+    eval_images: int = 32  # held-out images answered at each align evaluation
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

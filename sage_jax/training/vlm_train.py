@@ -1,0 +1,444 @@
+"""Training the home-trained VLM (`python -m sage_jax.train_vlm`): tower stage, align stage, evaluation, export.
+
+Work directory layout (rerunning resumes: a finished stage is skipped, a stage resumes from its Orbax checkpoint
+bit for bit, because every batch is drawn from (seed, stage, step) alone)::
+
+    WORKDIR/tower/ckpt/, WORKDIR/tower/losses.json     stage 1: the tower as a classifier
+    WORKDIR/align/ckpt/, WORKDIR/align/losses.json     stage 2: tower + projector under the frozen LM
+    WORKDIR/align/evals.json                           held-out accuracy of the greedy answers, per evaluation
+    WORKDIR/vlm/                                       the exported model: kind "vlm", language model "default"
+    WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_draft.py`): the head on the VLM's answers
+    WORKDIR/vlm/draft/                                 the fine-tuned head (kind "eagle_head"), the VLM's draft
+    WORKDIR/loss.png                                   both stages' losses
+    WORKDIR/summary.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from sage_jax.models import llava_onevision as lo
+from sage_jax.models import lm as lm_lib
+from sage_jax.models.llava_inputs import expand_placeholders
+from sage_jax.models.siglip import ACTIVATIONS, SiglipVision, hidden_states
+from sage_jax.training import vlm_data, vlm_model
+from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
+
+#: Offsets of each source's classes in the tower stage's probe.
+_OFFSET = {"fashion": 0, "digits": 10, "photos": 20}
+N_PROBE = 20 + len(vlm_data.PHOTOS)
+
+
+def _log(msg: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(msg)
+
+
+@dataclasses.dataclass
+class Parts:
+    """What both stages read: the frozen language model, the VLM config, tokenizer and processor directory."""
+
+    cfg: lo.LlavaOnevisionConfig
+    lm_params: dict  # canonical (the checkpoint layout)
+    lm_serving: lm_lib.LM
+    tokenizer: object
+    data: dict[str, vlm_data.Images]
+
+
+def load_parts(c: VLMRecipe, *, sources: dict[str, vlm_data.Images] | None = None) -> Parts:
+    from sage_jax.io import loader
+
+    text_cfg, decoder, text_tok = loader.load_lm(loader.default_target())
+    data = sources if sources is not None else {
+        "fashion": vlm_data.fashion("train"), "digits": vlm_data.digits(),
+        "photos": vlm_data.photos(c.photo_crops, seed=c.seed)}
+    return Parts(cfg=vlm_model.config(text_cfg, c.vision), lm_params=decoder.params(), lm_serving=decoder.serving(),
+                 tokenizer=vlm_model.tokenizer(text_tok), data=data)
+
+
+def init_params(cfg: lo.LlavaOnevisionConfig, seed: int) -> dict:
+    """Fresh tower, projector and image_newline (the VLM's parameters other than the language model's)."""
+    rngs = nnx.Rngs(seed)
+    vision = nnx.to_pure_dict(nnx.state(SiglipVision(cfg.vision, rngs=rngs), nnx.Param))
+    proj = nnx.to_pure_dict(nnx.state(lo.Projector(cfg, rngs=rngs), nnx.Param))
+    d = cfg.text.d_model
+    newline = jax.random.normal(rngs.params(), (d,), jnp.float32) * d**-0.5
+    return {"vision": vision, "projector": proj, "image_newline": newline}
+
+
+# ----------------------------------------------------------------------------------------------------- batches
+
+
+def _draw(c: VLMRecipe, data: dict[str, vlm_data.Images], rng: np.random.Generator, n: int):
+    """n (source, row) pairs drawn by the recipe's mix (sources missing from `data` left out)."""
+    names = [s for s in vlm_data.SOURCES if s in data and len(data[s])]
+    w = np.asarray([c.mix[vlm_data.SOURCES.index(s)] for s in names], np.float64)
+    picks = rng.choice(len(names), size=n, p=w / w.sum())
+    return [(names[k], int(rng.integers(len(data[names[k]])))) for k in picks]
+
+
+def _image(data, source: str, row: int, rng: np.random.Generator) -> np.ndarray:
+    x = data[source].pixels[row]
+    return x[:, ::-1] if source != "digits" and rng.random() < 0.5 else x  # mirrored clothes / photos stay true
+
+
+def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([c.seed, 1, step])
+    picks = _draw(c, data, rng, batch_size)
+    images = np.stack([_image(data, s, r, rng) for s, r in picks])
+    labels = np.asarray([_OFFSET[s] + int(data[s].labels[r]) for s, r in picks], np.int32)
+    return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
+
+
+class Prompts:
+    """Token ids of image prompts, one tokenization per question (the visual part is the same for every image)."""
+
+    def __init__(self, cfg: lo.LlavaOnevisionConfig, tokenizer):
+        self.cfg, self.tok, self._ids = cfg, tokenizer, {}
+        self.n_visual = expand_placeholders(cfg, [[cfg.image_token_id]], [[vlm_model.TILE] * 2])[0].__len__()
+
+    def prompt(self, question: str) -> list[int]:
+        if question not in self._ids:
+            msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+            text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            text = expand_placeholders(self.cfg, [text], [[vlm_model.TILE] * 2])[0]
+            self._ids[question] = self.tok(text)["input_ids"]
+        return self._ids[question]
+
+    def answer(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def align_batch(c: VLMRecipe, data, prompts: Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    """Right-padded rows [prompt with visual tokens ; answer ; <|im_end|>], the answer's positions and targets."""
+    rng = np.random.default_rng([c.seed, 2, step])
+    picks = _draw(c, data, rng, batch_size)
+    t, a = c.seq_len, c.answer_len
+    pad = prompts.cfg.text.pad_token_id
+    tokens = np.full((batch_size, t), pad, np.int32)
+    valid = np.zeros((batch_size, t), bool)
+    where = np.zeros((batch_size, a), np.int32)
+    target = np.zeros((batch_size, a), np.int32)
+    weight = np.zeros((batch_size, a), np.float32)
+    images = []
+    for i, (s, r) in enumerate(picks):
+        q, ans = vlm_data.question_answer(s, int(data[s].labels[r]), rng)
+        p, y = prompts.prompt(q), prompts.answer(ans)
+        if len(p) + len(y) > t or len(y) > a:
+            raise ValueError(f"a row of {len(p)} + {len(y)} tokens does not fit seq_len {t} / answer_len {a}")
+        tokens[i, : len(p) + len(y)] = p + y
+        valid[i, : len(p) + len(y)] = True
+        where[i, : len(y)] = np.arange(len(p) - 1, len(p) - 1 + len(y))
+        target[i, : len(y)] = y
+        weight[i, : len(y)] = 1.0
+        images.append(_image(data, s, r, rng))
+    return {"tokens": tokens, "valid": valid, "where": where, "target": target, "weight": weight,
+            "tiles": vlm_model.pixels(np.stack(images)).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)}
+
+
+# -------------------------------------------------------------------------------------------------------- losses
+
+
+def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict):
+    h = hidden_states(cfg.vision, params["vision"], batch["pixels"], (-1,))[0]
+    logits = h.mean(axis=1) @ params["probe"]["w"] + params["probe"]["b"][None]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+    return ce, {"acc": jnp.mean(jnp.argmax(logits, -1) == batch["labels"])}
+
+
+def _plan(cfg: lo.LlavaOnevisionConfig, n: int):
+    from sage_jax.models import anyres
+    from sage_jax.models.llava_inputs import Plan
+
+    lay = anyres.image_layouts(np.full((n, 2), vlm_model.TILE), cfg.image_grid_pinpoints, cfg.vision.image_size,
+                               cfg.vision.grid, cfg.vision_aspect_ratio, None)
+    return Plan(images=tuple(lay))
+
+
+def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: lm_lib.LM, batch: dict):
+    """Mean cross-entropy of the frozen LM on the answer tokens, given the image features of `params`."""
+    tokens, valid = batch["tokens"], batch["valid"]
+    b, t = tokens.shape
+    slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * _n_visual(cfg))[0].astype(jnp.int32)
+    x = lo._embed(cfg, _plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, batch["tiles"], None, slots,
+                  None)
+    positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
+    mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
+    hidden, _ = lm.forward(None, positions, mask, embeddings=x)
+    h = jnp.take_along_axis(hidden, batch["where"][..., None], axis=1)
+    logits = lm.head(h).astype(jnp.float32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["target"])
+    w = batch["weight"]
+    hit = (jnp.argmax(logits, -1) == batch["target"]) * w
+    return (ce * w).sum() / w.sum(), {"acc": hit.sum() / w.sum()}
+
+
+def _n_visual(cfg: lo.LlavaOnevisionConfig) -> int:
+    return _plan(cfg, 1).images[0].num_features(cfg.base_tokens)
+
+
+def warm_projector(c: VLMRecipe, parts: Parts, params: dict, lam: float = 1e-3) -> dict:
+    """`params` with projector w2 / b2 fitted by ridge regression (w1 kept at its initialisation) so that every
+    visual token of an image lands on the LM's embedding of its class's short name (`vlm_data.SHORT_NAMES`), and
+    image_newline set to the embedding of "\\n"."""
+    cfg, tok = parts.cfg, parts.tokenizer
+    embed = np.asarray(parts.lm_serving.embed, np.float64)
+
+    def word(text: str) -> np.ndarray:
+        return embed[tok(text, add_special_tokens=False)["input_ids"]].mean(axis=0)
+
+    picks = _draw(c, parts.data, np.random.default_rng([c.seed, 3]), c.ridge_images)
+    images = np.stack([parts.data[s].pixels[r] for s, r in picks])
+    y = np.stack([word(vlm_data.SHORT_NAMES[s][int(parts.data[s].labels[r])]) for s, r in picks])
+    p = params["projector"]
+    act = ACTIVATIONS[cfg.projector_act]
+    first = jax.jit(lambda v, x: act(hidden_states(cfg.vision, v, x, (-1,))[0] @ p["w1"] + p["b1"][None, None]))
+    h = np.concatenate([np.asarray(first(params["vision"], vlm_model.pixels(images[i: i + 256])[:, 0]), np.float64)
+                        for i in range(0, len(images), 256)])  # [N, P, D]
+    n, per, d = h.shape
+    h = h.reshape(n * per, d)
+    y = np.repeat(y, per, axis=0)
+    hm, ym = h.mean(0), y.mean(0)
+    hc = h - hm
+    gram = hc.T @ hc
+    w2 = np.linalg.solve(gram + lam * np.trace(gram) / d * np.eye(d), hc.T @ (y - ym))
+    proj = {**p, "w2": jnp.asarray(w2, jnp.float32), "b2": jnp.asarray(ym - hm @ w2, jnp.float32)}
+    return {**params, "projector": proj, "image_newline": jnp.asarray(word("\n"), jnp.float32)}
+
+
+# ------------------------------------------------------------------------------------------------------ the loop
+
+
+def _optimizer(sc: StageConfig, labels=None, scales=None) -> optax.GradientTransformation:
+    def adam(scale):
+        lr = optax.warmup_cosine_decay_schedule(0.0, sc.lr * scale, max(1, min(sc.warmup, sc.steps - 1)),
+                                                max(sc.steps, 2), end_value=sc.lr * scale * 0.05)
+        return optax.adamw(lr, weight_decay=sc.weight_decay)
+
+    inner = adam(1.0) if labels is None else optax.multi_transform({k: adam(v) for k, v in scales.items()}, labels)
+    return optax.chain(optax.clip_by_global_norm(sc.clip), inner)
+
+
+def run_stage(name: str, sc: StageConfig, params: dict, loss: Callable, batch_fn: Callable[[int], dict],
+              workdir: str, *, opt: optax.GradientTransformation | None = None, frozen=None,
+              evaluate: Callable[[dict, int], dict] | None = None, stop_at: int | None = None, progress: bool = True,
+              log: Callable[[str], None] = _log) -> dict:
+    """Trains `params` on `loss(params, frozen, batch)` for `sc.steps`, resuming from WORKDIR/name/ckpt; returns
+    the trained params. `stop_at` stops early (as an interruption would)."""
+    import orbax.checkpoint as ocp
+    from tqdm.auto import tqdm
+
+    d = os.path.join(os.path.abspath(workdir), name)
+    os.makedirs(d, exist_ok=True)
+    opt = opt or _optimizer(sc)
+    mngr = ocp.CheckpointManager(os.path.join(d, "ckpt"),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32)}
+    if mngr.latest_step() is not None:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(abstract))
+        state = jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(restored))
+    step0 = int(state["step"])
+    losses = _read_json(os.path.join(d, "losses.json"), {})
+    losses = {k: v for k, v in losses.items() if int(k) < step0}
+    evals = _read_json(os.path.join(d, "evals.json"), {})
+
+    @jax.jit
+    def step_fn(params, opt_state, frozen, batch):
+        (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, frozen, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value, metrics
+
+    params, opt_state = state["params"], state["opt_state"]
+    stop = sc.steps if stop_at is None else min(stop_at, sc.steps)
+    bar = tqdm(range(step0, stop), initial=step0, total=sc.steps, desc=f"{name}", disable=not progress,
+               dynamic_ncols=True)
+    for step in bar:
+        params, opt_state, value, metrics = step_fn(params, opt_state, frozen, batch_fn(step))
+        losses[str(step)] = float(value)
+        bar.set_postfix(loss=f"{float(value):.4f}", acc=f"{float(metrics['acc']):.3f}")
+        done = step + 1
+        if not progress and done % 50 == 0:
+            log(f"[{name}] step {done}/{sc.steps}: loss {float(value):.4f}, train accuracy {float(metrics['acc']):.3f}")
+        if evaluate is not None and sc.eval_every and (done % sc.eval_every == 0 or done == sc.steps):
+            evals[str(done)] = evaluate(params, done)
+            log(f"[{name}] step {done}: loss {float(value):.4f}, held-out {evals[str(done)]}")
+            _write_json(os.path.join(d, "evals.json"), evals)
+        if done % sc.ckpt_every == 0 or done == stop:
+            mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state,
+                                                        "step": jnp.asarray(done, jnp.int32)}), force=True)
+            mngr.wait_until_finished()
+            _write_json(os.path.join(d, "losses.json"), losses)
+    bar.close()
+    mngr.close()
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
+
+
+def _read_json(path: str, default):
+    if not os.path.isfile(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------------------- evaluation
+
+
+def answer(parts: Parts, params: dict, images: np.ndarray, question: str = vlm_data.DEFAULT_QUESTION,
+           max_new_tokens: int = 16, batch_size: int = 16) -> list[str]:
+    """Greedy answers (plain decoding, the model's own `generate`) to `question` about each 28x28 image."""
+    prompts = Prompts(parts.cfg, parts.tokenizer)
+    ids = np.asarray([prompts.prompt(question)] * len(images), np.int32)
+    full = {**params, "lm": parts.lm_params}
+    out = []
+    for i in range(0, len(images), batch_size):
+        chunk = images[i: i + batch_size]
+        n = len(chunk)
+        tok = ids[:n]
+        slots = np.flatnonzero(tok.reshape(-1) == parts.cfg.image_token_id).astype(np.int32)
+        tiles = vlm_model.pixels(chunk).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+        valid = np.ones(tok.shape, bool)
+        pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
+        gen = lo._generate(parts.cfg, _plan(parts.cfg, n), max_new_tokens, full, tok, tiles, None, slots, None,
+                           valid, pos)
+        out += [parts.tokenizer.decode(_until_eos(row, parts.cfg.text.eos_token_ids), skip_special_tokens=True)
+                for row in np.asarray(gen)]
+    return out
+
+
+def _until_eos(row, eos) -> list[int]:
+    row = [int(x) for x in row]
+    ends = [i for i, x in enumerate(row) if x in eos]
+    return row[: ends[0]] if ends else row
+
+
+def heldout_accuracy(parts: Parts, params: dict, n: int) -> dict:
+    test = vlm_data.fashion("test")
+    idx = vlm_data.heldout_indices(n)
+    texts = answer(parts, params, test.pixels[idx])
+    named = [vlm_data.class_named(t) for t in texts]
+    right = [int(k == int(y)) if k is not None else 0 for k, y in zip(named, test.labels[idx], strict=True)]
+    return {"accuracy": float(np.mean(right)), "n": n, "example": texts[0]}
+
+
+# ------------------------------------------------------------------------------------------------- the recipe
+
+
+def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str], None] = _log,
+        parts: Parts | None = None, heldout: int = 100) -> dict:
+    """Both stages, then the export to WORKDIR/vlm, the loss plot and WORKDIR/summary.json (module docstring)."""
+    t0 = time.perf_counter()
+    parts = parts or load_parts(c)
+    cfg = parts.cfg
+    fresh = init_params(cfg, c.seed)
+    log(f"tower: {_count(fresh['vision']):,} params; projector + newline: "
+        f"{_count(fresh['projector']) + cfg.text.d_model:,}; {_n_visual(cfg)} visual tokens per image")
+    dv = cfg.vision.hidden_size
+    probe = {"w": jnp.zeros((dv, N_PROBE)), "b": jnp.zeros(N_PROBE)}
+    tower = run_stage(
+        "tower", c.tower, {"vision": fresh["vision"], "probe": probe},
+        lambda p, f, b: tower_loss(cfg, p, b), lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir,
+        progress=progress, log=log)
+    prompts = Prompts(cfg, parts.tokenizer)
+    params = {"vision": tower["vision"], "projector": fresh["projector"], "image_newline": fresh["image_newline"]}
+    if c.warm_start:
+        params = warm_projector(c, parts, params)
+    labels = {k: jax.tree.map(lambda _, k=k: "tower" if k == "vision" else "proj", v) for k, v in params.items()}
+    opt = _optimizer(c.align, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
+    params = run_stage(
+        "align", c.align, params, lambda p, lm, b: align_loss(cfg, p, lm, b),
+        lambda s: align_batch(c, parts.data, prompts, s, c.align.batch_size), workdir, opt=opt,
+        frozen=parts.lm_serving, evaluate=lambda p, s: heldout_accuracy(parts, p, c.eval_images),
+        progress=progress, log=log)
+    out = export(c, parts, params, os.path.join(workdir, "vlm"))
+    if c.draft is not None:
+        out_head = export_draft(c, parts, params, workdir, progress=progress, log=log)
+        log(f"draft head: {out_head}")
+    final = heldout_accuracy(parts, params, heldout)
+    log(f"held-out Fashion-MNIST test images: {final['accuracy']:.1%} of {heldout} answers name the right class")
+    plot(workdir)
+    summary = {"heldout": final, "export": out, "seconds": time.perf_counter() - t0, "recipe": c.to_json()}
+    _write_json(os.path.join(workdir, "summary.json"), summary)
+    return summary
+
+
+def _count(tree) -> int:
+    return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+
+
+def export(c: VLMRecipe, parts: Parts, params: dict, out: str) -> str:
+    """The trained VLM as our checkpoint (kind "vlm", its language model the shipped default, not copied)."""
+    import tempfile
+
+    from sage_jax.io import vlm_store
+
+    with tempfile.TemporaryDirectory() as proc:
+        vlm_model.write_processor(proc)
+        return vlm_store.save_adapter(out, parts.cfg, params, parts.tokenizer, proc, overwrite=True,
+                                      provenance={"recipe": c.to_json(), "trained_by": "python -m sage_jax.train_vlm"})
+
+
+def export_draft(c: VLMRecipe, parts: Parts, params: dict, workdir: str, *, progress: bool = True,
+                 log: Callable[[str], None] = _log) -> str:
+    """The draft stage (`vlm_draft.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
+    from sage_jax.io import loader, store
+    from sage_jax.training import vlm_draft
+
+    head = loader.default_draft()
+    if head is None:
+        raise FileNotFoundError("the draft stage fine-tunes the shipped head, which this checkout lacks")
+    head_cfg, trained, vocab_ids, meta = vlm_draft.train_head(c, parts, params, head, workdir, progress=progress,
+                                                              log=log)
+    return store.save_head(os.path.join(workdir, "vlm", "draft"), head_cfg, trained, target_cfg=parts.cfg.text,
+                           vocab_ids=vocab_ids, dtype="bfloat16", overwrite=True,
+                           provenance={"recipe": c.to_json(), "fine_tuned_from": "sage_jax/assets/smollm2_eagle",
+                                       "trained_by": "python -m sage_jax.train_vlm"})
+
+
+def plot(workdir: str) -> str:
+    """WORKDIR/loss.png: each stage's training loss (and the held-out accuracy of the align stage)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [n for n in ("tower", "align", "draft") if os.path.isfile(os.path.join(workdir, n, "losses.json"))]
+    fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(5 * max(1, len(stages)), 3.5), squeeze=False)
+    for ax, name in zip(axes[0], stages, strict=True):
+        losses = _read_json(os.path.join(workdir, name, "losses.json"), {})
+        steps = sorted(int(k) for k in losses)
+        ys = np.asarray([losses[str(s)] for s in steps])
+        if len(ys):
+            k = max(1, len(ys) // 50)
+            smooth = np.convolve(ys, np.ones(k) / k, mode="valid")
+            ax.plot(steps, ys, alpha=0.3, lw=0.8)
+            ax.plot(steps[k - 1:], smooth, lw=1.5)
+        ax.set(title=f"{name} stage", xlabel="step", ylabel="cross-entropy")
+        evals = _read_json(os.path.join(workdir, name, "evals.json"), {})
+        if evals:
+            ax2 = ax.twinx()
+            xs = sorted(int(k) for k in evals)
+            ax2.plot(xs, [evals[str(x)]["accuracy"] for x in xs], "o-", color="C3")
+            ax2.set(ylabel="held-out accuracy", ylim=(0, 1))
+    fig.tight_layout()
+    path = os.path.join(workdir, "loss.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
