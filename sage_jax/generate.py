@@ -20,6 +20,12 @@ draft a pruned set: `--prune-ratio R` (or `R_IMAGE,R_VIDEO`; default 0.8,0.9 as 
 visual tokens are dropped from the draft's prompt, ranked by the target's prefill attention (`--prune uniform`:
 evenly spaced).
 
+`--image` without `--target` runs the shipped home-trained VLM (`sage_jax/assets/smollm2_vlm`): a LLaVA-OneVision
+whose language model is the default SmolLM2-135M-Instruct and whose small vision tower and projector were trained
+here, offline, on Fashion-MNIST, handwritten digits and a few photos (`python -m sage_jax.train_vlm`). Its image
+understanding is home-trained and narrow: it names clothes of the ten Fashion-MNIST kinds and digits, and little
+else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped head.
+
 `--attention pallas` runs the decoding loop's cache-reading forwards (verify, draft levels, catch-up) through the
 Pallas tree-attention kernel (`pallas_kernels/tree_attention`: Mosaic on TPU, Triton on GPU; interpreted on CPU,
 where it checks the kernel rather than speeding anything up); the output is the same as with `--attention xla`.
@@ -39,6 +45,7 @@ from configs import cli
 from sage_jax.decoding.policies import POLICIES, TreePolicy
 
 DEFAULT_PROMPT = "What is speculative decoding? Explain it in two sentences."
+DEFAULT_IMAGE_PROMPT = "What is in this image?"  # with --image: the question the shipped VLM was trained on most
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--draft", metavar="SPEC", help="a draft LM with the target's vocabulary, or an EAGLE-style head checkpoint "
         "(default: the shipped head for the default target, else a self-draft)")
     arg("--draft-layers", type=int, metavar="N", help="self-draft: run the target's first N layers as the draft")
-    arg("--prompt", metavar="TEXT", default=DEFAULT_PROMPT, help="user message (chat-templated when possible)")
+    arg("--prompt", metavar="TEXT", help="user message, chat-templated when possible (default: a question about "
+        "speculative decoding, or with --image / --video 'What is in this image?')")
     arg("--image", metavar="PATH", action="append", default=[], help="an image for a vision-language target "
         "(repeatable)")
     arg("--video", metavar="PATH", action="append", default=[], help="video frames for a vision-language target: "
@@ -132,7 +140,13 @@ def run(args: argparse.Namespace) -> dict:
     from sage_jax.engine import load_engine
     from sage_jax.io.loader import is_vision_lm
 
+    if args.prompt is None:
+        args.prompt = DEFAULT_IMAGE_PROMPT if (args.images or args.videos) else DEFAULT_PROMPT
     with cli.reported(OSError, ValueError):
+        if args.target is None and (args.images or args.videos):
+            from sage_jax.io.loader import default_vlm
+
+            args.target = args.default_vlm = default_vlm()
         vision = args.target is not None and is_vision_lm(args.target)
     if not vision and (args.images or args.videos):
         raise cli.BadInput(f"--image / --video need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
@@ -159,7 +173,9 @@ def run(args: argparse.Namespace) -> dict:
             if args.budget[0] > pol.n_max or args.budget[1] > pol.d_cap:
                 raise ValueError(f"--budget {args.budget[0]},{args.budget[1]} exceeds the {args.policy} tree "
                                  f"({pol.n_max} nodes, depth {pol.d_cap})")
-    print(f"target {args.target or 'SmolLM2-135M-Instruct (shipped)'}, draft {engine.description}"
+    name = ("SmolLM2-135M-Instruct with the shipped home-trained vision tower" if getattr(args, "default_vlm", None)
+            else args.target or "SmolLM2-135M-Instruct (shipped)")
+    print(f"target {name}, draft {engine.description}"
           f"{', Pallas tree attention' if args.attention == 'pallas' else ''}", file=sys.stderr)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     of = f", {visual} of them visual" if visual else ""

@@ -1,14 +1,17 @@
 """`python -m sage_jax.bench --vlm`: speculative decoding of a vision-language pair, as the paper measures it.
 
-    python -m sage_jax.bench --vlm --target VLM [--draft VLM] [--image PATH ...] [--video PATH ...]
+    python -m sage_jax.bench --vlm [--target VLM] [--draft VLM] [--image PATH ...] [--video PATH ...]
         [--ratios 0,0.3,0.6,0.8,0.9,0.95] [--prune attention|uniform] [--budget static|auto|N,D]
         [--max-new-tokens N] [--prompts N] [--methods chain,static,eagle2,sage] [--out DIR] [--quick]
 
 Two tables, side by side in one process: AR vs every tree policy (chain, static, EAGLE-2, SAGE) at the engine's
 pruning ratios (the paper's 0.8 / 0.9 by default), and the draft pruning-ratio sweep of the paper's Table 5 (SAGE at
 each ratio: τ, τ+1, tokens/s, and the target's and the draft's prefill seconds, each compiled and timed apart).
-Without `--image` / `--video` the prompts ask about scikit-image's sample photos. `--quick`: a tiny random
-Qwen2.5-VL pair and two synthetic images (CI smoke run). Writes DIR/vlm_bench.json and DIR/vlm_pruning.png.
+Without `--target` the pair is the shipped home-trained VLM (SmolLM2-135M-Instruct with its own tower) and the
+shipped head, asked about held-out Fashion-MNIST test images (never trained on; `--prompts N` of them, default 8),
+and the table says how many answers name the right class. With another target and no `--image` / `--video` the
+prompts ask about scikit-image's sample photos. `--quick`: a tiny random Qwen2.5-VL pair and two synthetic images
+(CI smoke run). Writes DIR/vlm_bench.json and DIR/vlm_pruning.png.
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ def default_images() -> list:
     return [Image.fromarray(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket")]
 
 
+def heldout_images(n: int) -> tuple[list, np.ndarray]:
+    """The first `n` held-out Fashion-MNIST test images (`vlm_data.heldout_indices`) as PIL images, and labels."""
+    from PIL import Image
+
+    from sage_jax.training import vlm_data
+
+    test = vlm_data.fashion("test")
+    idx = vlm_data.heldout_indices(n)
+    return [Image.fromarray(x) for x in test.pixels[idx]], test.labels[idx]
+
+
 def _synthetic_images() -> list:
     from PIL import Image
 
@@ -63,6 +77,20 @@ def build(args):
         engine = Engine(target, draft, prune=args.prune, prune_ratio=ratios, description="tiny 1-layer VLM",
                         attention=args.attention)
         images, videos, name = _synthetic_images(), [], "tiny random Qwen2.5-VL pair (--quick)"
+    elif args.target is None:
+        from sage_jax.io import loader
+        from sage_jax.training import vlm_data
+
+        with cli.reported(OSError, ValueError):
+            engine = load_engine(loader.default_vlm(), args.draft, prune=args.prune, prune_ratio=ratios,
+                                 attention=args.attention)
+        images, labels = heldout_images(args.prompts or 8)
+        questions = (vlm_data.DEFAULT_QUESTION, *vlm_data.WHAT[1:3], vlm_data.DESCRIBE[0])
+        prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
+        title = (f"shipped home-trained VLM (SmolLM2-135M-Instruct + its own tower), draft {engine.description}, "
+                 f"greedy, {args.max_new_tokens} new tokens, {len(prompts)} held-out Fashion-MNIST test images, "
+                 f"pruning by {args.prune}")
+        return engine, prompts, title, labels
     else:
         with cli.reported(OSError, ValueError):
             engine = load_engine(args.target, args.draft, prune=args.prune, prune_ratio=ratios,
@@ -79,7 +107,7 @@ def build(args):
     prompts = prompts[: args.prompts] if args.prompts else prompts
     title = (f"{name}, draft {engine.description}, greedy, {args.max_new_tokens} new tokens, {len(prompts)} "
              f"prompts, pruning by {args.prune}")
-    return engine, prompts, title
+    return engine, prompts, title, None
 
 
 def _measure(engine, prompts, policy, budget, max_new, ratio=None) -> dict:
@@ -121,7 +149,7 @@ def run(args) -> int:
     ratios = tuple(float(x) for x in args.ratios.split(",")) if args.ratios else RATIOS
     if not all(0.0 <= r <= 1.0 for r in ratios):
         raise cli.BadInput(f"--ratios must lie in [0, 1], got {args.ratios}")
-    engine, prompts, title = build(args)
+    engine, prompts, title, labels = build(args)
     if not prompts:
         raise cli.BadInput("no prompts: give --image / --video, or --prompts > 0")
     out = {"title": title, "machine": machine(), "methods": {}, "sweep": []}
@@ -159,6 +187,14 @@ def run(args) -> int:
                  for v in out["sweep"]])
     for v in [*out["methods"].values(), *out["sweep"]]:
         v["same_as_ar"] = same(v)
+    named = ""
+    if labels is not None:  # the held-out images' classes: does the (lossless, so every row's) answer name it?
+        from sage_jax.training import vlm_data
+
+        texts = [engine.tokenizer.decode(r["tokens"], skip_special_tokens=True) for r in ar["runs"]]
+        right = sum(vlm_data.class_named(t) == int(y) for t, y in zip(texts, labels, strict=True))
+        out["heldout"] = {"right": int(right), "n": len(texts), "answers": texts}
+        named = f"\nThe answers name the right class for {right} of {len(texts)} held-out images.\n"
     for v in [*out["methods"].values(), *out["sweep"]]:
         v.pop("runs")
     out["args"] = {k: v for k, v in vars(args).items() if k not in ("image", "video")}
@@ -166,7 +202,7 @@ def run(args) -> int:
     with open(os.path.join(args.out, "vlm_bench.json"), "w") as f:
         json.dump(out, f, indent=1)
     png = _plot(out, os.path.join(args.out, "vlm_pruning.png"))
-    print(f"\n{title}\n{out['machine']}\n\n{t1}\n\nDraft visual-token pruning (SAGE):\n\n{t2}\n")
+    print(f"\n{title}\n{out['machine']}\n\n{t1}\n{named}\nDraft visual-token pruning (SAGE):\n\n{t2}\n")
     print(f"wrote {os.path.join(args.out, 'vlm_bench.json')} and {png}", file=sys.stderr)
     return 0
 

@@ -65,3 +65,36 @@ def test_load_gives_the_engines_target_logits(shipped):
     alone = model(input_ids=batch["input_ids"][short][valid[short]][None])
     np.testing.assert_allclose(np.asarray(alone)[0], np.asarray(logits)[short][valid[short]], rtol=0,
                                atol=2e-4 * np.abs(want).max())
+
+
+@pytest.mark.slow  # 1-2 min; the default suite's real-model check of the shipped VLM is test_generate's CLI test
+def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
+    """The shipped home-trained VLM (issue 21): its language model is the default target's, bit for bit; its
+    default draft is the shipped head; on held-out Fashion-MNIST test images SAGE (a pruned image for the draft)
+    decodes exactly what AR decodes, and the answers name the images' classes."""
+    import os
+
+    from pgla_jax.data import FASHION_MNIST_DIR
+    from sage_jax.training import vlm_data
+
+    if not os.path.isdir(FASHION_MNIST_DIR):
+        pytest.skip("dataset-fashion-mnist missing")
+    vlm = sage_jax.load(sage_jax.default_vlm())
+    assert isinstance(vlm, sage_jax.VisionLM) and vlm.architecture == "llava_onevision"
+    _, text, _ = sage_jax.io.load_lm(sage_jax.default_target())
+    jax.tree.map(np.testing.assert_array_equal, vlm.module.lm.params(), text.params())
+    engine = sage_jax.load_engine(sage_jax.default_vlm())
+    assert engine.draft_spec.kind == "eagle" and "shipped" in engine.description
+    test = vlm_data.fashion("test")
+    idx = vlm_data.heldout_indices(4)[1:]  # the CLI test answers the first
+    prompts = [vlm_data.DEFAULT_QUESTION] * len(idx)
+    images = [[test.pixels[i]] for i in idx]
+    from PIL import Image
+
+    images = [[Image.fromarray(x) for x in row] for row in images]
+    ref = engine.generate(prompts, images=images, policy="ar", max_new_tokens=16)
+    got = engine.generate(prompts, images=images, policy="sage", budget=None, max_new_tokens=16)
+    assert got.token_ids == ref.token_ids
+    assert got.stats.draft_prompt_tokens < got.stats.prompt_tokens and got.stats.mean_accepted > 0.5
+    named = [vlm_data.class_named(t) for t in ref.text]
+    assert sum(k == int(y) for k, y in zip(named, test.labels[idx], strict=True)) >= 2, ref.text

@@ -235,3 +235,28 @@ def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
     ar = scope["engine"].generate(["What is in this picture?"], images=[["cat.png"]], policy="ar", max_new_tokens=12)
     assert gen.token_ids == ar.token_ids and gen.policy == "sage"
     assert gen.stats.draft_prompt_tokens < gen.stats.prompt_tokens
+
+
+def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
+    """`generate --image <held-out Fashion-MNIST test image>` with nothing else given: the shipped home-trained VLM
+    and the shipped head answer the default image question, name the right class, and SAGE equals AR (issue 21;
+    more images in `tests/sage_jax/test_engine.py`, all 100 in the closing note: `python -m sage_jax.bench --vlm
+    --prompts 100`)."""
+    from PIL import Image
+
+    from pgla_jax.data import FASHION_MNIST_DIR
+    from sage_jax.training import vlm_data
+
+    if not os.path.isdir(FASHION_MNIST_DIR):
+        pytest.skip("dataset-fashion-mnist missing")
+    test = vlm_data.fashion("test")
+    i = int(vlm_data.heldout_indices(1)[0])
+    path = tmp_path / f"heldout_{i}.png"
+    Image.fromarray(test.pixels[i]).save(path)
+    proc = _cli(dict(cli_env, SAGE_JAX_CACHE=cache_dir), "--image", str(path), "--budget", "static",
+                "--max-new-tokens", "16", "--compare", "--json", timeout=900)
+    out = _json(proc)
+    assert "home-trained vision tower" in proc.stderr and "shipped EAGLE head" in proc.stderr
+    assert out["compare"]["identical"], (out["text"], out["compare"])
+    assert vlm_data.class_named(out["text"]) == int(test.labels[i]), out["text"]
+    assert out["stats"]["draft_prompt_tokens"] < out["stats"]["prompt_tokens"]  # the draft saw a pruned image

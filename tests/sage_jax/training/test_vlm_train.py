@@ -1,0 +1,184 @@
+"""The home-trained VLM's pieces: data templates, tokenizer, pixel path, warm start, resumable stages, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import checkpoint
+from pgla_jax.data import FASHION_MNIST_DIR
+from sage_jax.models.config import LMConfig, RopeConfig
+from sage_jax.models.decoder import Decoder
+from sage_jax.models.siglip import SiglipConfig
+from sage_jax.training import vlm_data, vlm_model, vlm_train
+from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
+
+needs_fashion = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist missing")
+
+
+@pytest.fixture(scope="module")
+def text_tokenizer():
+    from sage_jax.io import loader
+
+    return loader.load_lm(loader.default_target())[2]
+
+
+@pytest.fixture(scope="module")
+def tok(text_tokenizer):
+    return vlm_model.tokenizer(text_tokenizer)
+
+
+def test_class_named_reads_one_class_back():
+    assert vlm_data.class_named("The image shows a t-shirt.") == 0
+    assert vlm_data.class_named("The image shows a shirt.") == 6
+    assert vlm_data.class_named("A pair of trousers.") == 1
+    assert vlm_data.class_named("Ankle boot.") == 9
+    assert vlm_data.class_named("It is a sneaker, not a sandal.") is None  # two classes named: not an answer
+    assert vlm_data.class_named("I cannot tell.") is None
+
+
+def test_every_fashion_answer_names_its_class():
+    rng = np.random.default_rng(0)
+    for label in range(10):
+        for _ in range(40):
+            q, a = vlm_data.question_answer("fashion", label, rng)
+            assert vlm_data.class_named(a) == label, (q, a)
+
+
+def test_tokenizer_renames_only_the_placeholder(text_tokenizer, tok):
+    text = "def f(x):\n    return x ** 2  # The image shows a sneaker. <|im_end|>"
+    assert tok(text)["input_ids"] == text_tokenizer(text)["input_ids"]
+    assert tok("<image>")["input_ids"] == [vlm_model.IMAGE_TOKEN_ID]
+    assert len(tok) == len(text_tokenizer) == 49152
+    msgs = [{"role": "user", "content": "Hello there"}]
+    assert (tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            == text_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
+    img = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    assert "<|im_start|>user\n<image>\nWhat is this?<|im_end|>" in tok.apply_chat_template(img, tokenize=False)
+
+
+@needs_fashion
+def test_fast_pixels_equal_the_image_processor(tmp_path):
+    from PIL import Image
+
+    from sage_jax.models.vision_lm import _image_processor
+
+    images = vlm_data.fashion("test").pixels[vlm_data.heldout_indices(5)]
+    ip = _image_processor(vlm_model.write_processor(tmp_path))
+    out = ip(images=[Image.fromarray(x) for x in images], return_tensors="np")
+    np.testing.assert_array_equal(out["pixel_values"], vlm_model.pixels(images))
+
+
+@needs_fashion
+def test_heldout_images_are_the_test_split_only():
+    idx = vlm_data.heldout_indices(100)
+    assert len(set(idx.tolist())) == 100 and idx.max() < 10_000
+    np.testing.assert_array_equal(idx[:10], vlm_data.heldout_indices(10))  # a prefix: 8 bench images ⊂ 100
+
+
+# --------------------------------------------------------------------- stages on a tiny language model
+
+
+def _tiny_parts(tok) -> vlm_train.Parts:
+    """A 2-layer random LM of SmolLM2's vocabulary, and images whose class is a random 7x7 pattern repeated over
+    the 4x4 patches (so that a random tower's patch features already tell the classes apart linearly)."""
+    text = LMConfig(vocab_size=49152, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128,
+                    rope=RopeConfig(theta=1e4), tie_embeddings=True, eos_token_ids=(2,), pad_token_id=2,
+                    max_position=512)
+    decoder = Decoder(text, rngs=__import__("flax").nnx.Rngs(0))
+    vision = SiglipConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, image_size=28,
+                          patch_size=7)
+    rng = np.random.default_rng(0)
+
+    def images(source, n_cls, n):
+        labels = rng.integers(n_cls, size=n).astype(np.int32)
+        tiles = np.tile(rng.integers(0, 200, (n_cls, 7, 7, 3)), (1, 4, 4, 1))
+        px = (tiles[labels] + rng.integers(0, 20, (n, 28, 28, 3))).astype(np.uint8)
+        return vlm_data.Images(px, source, labels)
+
+    data = {"fashion": images("fashion", 10, 64), "digits": images("digits", 10, 32),
+            "photos": images("photos", len(vlm_data.PHOTOS), 16)}
+    return vlm_train.Parts(cfg=vlm_model.config(text, vision), lm_params=decoder.params(),
+                           lm_serving=decoder.serving(), tokenizer=tok, data=data)
+
+
+def _recipe(parts) -> VLMRecipe:
+    return VLMRecipe(vision=parts.cfg.vision, tower=StageConfig(steps=4, batch_size=8, lr=1e-3, ckpt_every=2),
+                     align=StageConfig(steps=4, batch_size=2, lr=1e-3, ckpt_every=2), ridge_images=64)
+
+
+def test_warm_start_aims_each_image_at_its_class_word(tok):
+    parts = dataclasses.replace(_tiny_parts(tok))
+    parts.data = {"fashion": parts.data["fashion"]}  # one source: brightness alone decides the class
+    c = _recipe(parts)
+    params = vlm_train.warm_projector(c, parts, vlm_train.init_params(parts.cfg, 0))
+    fashion = parts.data["fashion"]
+    feats = np.asarray(vlm_train.lo._tile_features(parts.cfg, params, vlm_model.pixels(fashion.pixels)[:, 0]))
+    embed = np.asarray(parts.lm_serving.embed)
+    words = np.stack([embed[tok(w, add_special_tokens=False)["input_ids"]].mean(0)
+                      for w in vlm_data.SHORT_NAMES["fashion"]])
+    nearest = np.argmin(((feats.mean(axis=1)[:, None] - words[None]) ** 2).sum(-1), axis=1)
+    assert np.mean(nearest == fashion.labels) >= 0.9
+    newline = embed[tok("\n")["input_ids"]].mean(0)
+    np.testing.assert_allclose(params["image_newline"], newline, rtol=1e-6)
+
+
+def test_align_batch_scores_exactly_the_answer(tok):
+    parts = _tiny_parts(tok)
+    c = _recipe(parts)
+    prompts = vlm_train.Prompts(parts.cfg, tok)
+    b = vlm_train.align_batch(c, parts.data, prompts, step=3, batch_size=2)
+    assert prompts.n_visual == 36 and (b["tokens"] == vlm_model.IMAGE_TOKEN_ID).sum(axis=1).tolist() == [36, 36]
+    for row in range(2):
+        n = int(b["weight"][row].sum())
+        where, target = b["where"][row, :n], b["target"][row, :n]
+        np.testing.assert_array_equal(b["tokens"][row, where + 1], target)  # position p predicts token p + 1
+        assert target[-1] == 2 and b["valid"][row].sum() == where[-1] + 2  # <|im_end|> closes the row
+    again = vlm_train.align_batch(c, parts.data, prompts, step=3, batch_size=2)
+    assert all(np.array_equal(b[k], again[k]) for k in b)  # a batch is a function of the step alone
+
+
+def test_stages_resume_bit_for_bit(tok, tmp_path):
+    parts = _tiny_parts(tok)
+    c = _recipe(parts)
+    prompts = vlm_train.Prompts(parts.cfg, tok)
+    cfg = parts.cfg
+    p0 = vlm_train.init_params(cfg, 0)
+
+    def align(workdir, stop_at=None):
+        return vlm_train.run_stage(
+            "align", c.align, p0, lambda p, lm, b: vlm_train.align_loss(cfg, p, lm, b),
+            lambda s: vlm_train.align_batch(c, parts.data, prompts, s, c.align.batch_size), str(workdir),
+            frozen=parts.lm_serving, stop_at=stop_at, progress=False)
+
+    straight = align(tmp_path / "a")
+    align(tmp_path / "b", stop_at=2)
+    resumed = align(tmp_path / "b")
+    jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), p0, straight))
+    assert max(moved) > 0  # it trained
+
+
+def test_adapter_refuses_another_language_model(tok, tmp_path):
+    parts = _tiny_parts(tok)
+    path = vlm_train.export(_recipe(parts), parts, vlm_train.init_params(parts.cfg, 0), str(tmp_path / "vlm"))
+    meta = checkpoint.read_metadata(path)
+    assert meta["config"]["language_model"] == "default" and not any(k.startswith("lm") for k in meta["params"])
+    from sage_jax.io import loader
+
+    with pytest.raises(checkpoint.CheckpointError, match="another language model"):
+        loader.load(path)
+
+
+def test_shipped_vlm_was_trained_by_the_readme_recipe():
+    import json
+
+    from configs.sage import smollm2_vlm
+    from sage_jax.io import loader
+
+    meta = checkpoint.read_metadata(loader.default_vlm())  # its sha256 manifest checked too
+    assert meta["provenance"]["recipe"] == json.loads(json.dumps(smollm2_vlm.get_config().to_json()))
