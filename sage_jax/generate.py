@@ -24,7 +24,8 @@ evenly spaced).
 whose language model is the default SmolLM2-135M-Instruct and whose small vision tower and projector were trained
 here, offline, on Fashion-MNIST, handwritten digits and a few photos (`python -m sage_jax.train_vlm`). Its image
 understanding is home-trained and narrow: it names clothes of the ten Fashion-MNIST kinds and digits, and little
-else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped head.
+else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped head
+fine-tuned on its answers.
 
 `--attention pallas` runs the decoding loop's cache-reading forwards (verify, draft levels, catch-up) through the
 Pallas tree-attention kernel (`pallas_kernels/tree_attention`: Mosaic on TPU, Triton on GPU; interpreted on CPU,
