@@ -106,7 +106,10 @@ class Prompts:
 
     def __init__(self, cfg: lo.LlavaOnevisionConfig, tokenizer):
         self.cfg, self.tok, self._ids = cfg, tokenizer, {}
-        self.n_visual = expand_placeholders(cfg, [[cfg.image_token_id]], [[vlm_model.TILE] * 2])[0].__len__()
+
+    @property
+    def n_visual(self) -> int:
+        return _n_visual(self.cfg)
 
     def prompt(self, question: str) -> list[int]:
         if question not in self._ids:
