@@ -60,7 +60,9 @@ class AttackConfig:
     iterations: int | None = None  # L-BFGS iterations (DLG/iDLG: 300) or signed-Adam steps (IG: 2000)
     restarts: int = 1  # vmapped random initialisations; the best final matching loss wins
     lr: float | None = None  # DLG/iDLG: None = zoom line search, a float = fixed step; IG: Adam step (0.1)
-    memory: int = 10  # L-BFGS history
+    # L-BFGS history: torch.optim.LBFGS's history_size, which DLG runs with. 10 pairs (optax's default) converge
+    # far slower on this ill-conditioned objective: 32×32×3 DLG at 3,000 iterations reaches ~12 dB with 10, ~29 with 100.
+    memory: int = 100
     tv: float = 1e-4  # IG total-variation weight
     seed: int = 0
 

@@ -3,7 +3,8 @@
 Same process, same CPU, same image, same victim weights (ours copied into the torch LeNet), same algorithm:
 
 * ``line search``: L-BFGS with a strong-Wolfe line search (optax zoom / torch ``line_search_fn="strong_wolfe"``),
-  history 10, exactly 300 iterations (torch's tolerances disabled, its evaluation cap lifted);
+  history ``--memory`` (default 100, torch's and our default), exactly 300 iterations (torch's tolerances
+  disabled, its evaluation cap lifted);
 * ``fixed step``: L-BFGS with step 1 and no line search, the original DLG script's setting.
 
 Our default DLG is the line-search one. Optax's fixed-step L-BFGS (first step scaled by its initial
@@ -65,11 +66,11 @@ def torch_lenet_from(params) -> TorchLeNet:
     return net
 
 
-def torch_dlg(net, target, iterations: int, line_search: bool, seed: int):
+def torch_dlg(net, target, iterations: int, line_search: bool, seed: int, memory: int):
     torch.manual_seed(seed)
     x = torch.randn(1, 1, 28, 28, requires_grad=True)
     y = torch.randn(1, 10, requires_grad=True)
-    opt = torch.optim.LBFGS([x, y], lr=1.0, max_iter=iterations, max_eval=100 * iterations, history_size=10,
+    opt = torch.optim.LBFGS([x, y], lr=1.0, max_iter=iterations, max_eval=100 * iterations, history_size=memory,
                             tolerance_grad=-1.0, tolerance_change=-1.0,
                             line_search_fn="strong_wolfe" if line_search else None)
     params = list(net.parameters())
@@ -103,6 +104,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory", type=int, default=100, help="L-BFGS history (both sides)")
     ap.add_argument("--image", type=int, default=0, help="which of the class-cycling MNIST picks")
     args = ap.parse_args()
 
@@ -128,7 +130,7 @@ def main():
     rows = []
     default_threads = torch.get_num_threads()
     for mode, lr in (("line search", None), ("fixed step", 1.0)):
-        cfg = AttackConfig(kind="dlg", iterations=args.iterations, lr=lr)
+        cfg = AttackConfig(kind="dlg", iterations=args.iterations, lr=lr, memory=args.memory)
 
         def ours(r, cfg=cfg):
             rec = dlg.dlg(graphdef, params, target, jax.random.key(r), cfg=cfg, batch=1, num_classes=10,
@@ -146,9 +148,9 @@ def main():
         best = None
         for threads in sorted({1, default_threads}):
             torch.set_num_threads(threads)
-            torch_dlg(net, target_t, 5, line_search, 1000)  # warm-up
+            torch_dlg(net, target_t, 5, line_search, 1000, args.memory)  # warm-up
             t_torch, (xr, n_iter, n_eval) = _median_time(
-                lambda r, ls=line_search: torch_dlg(net, target_t, args.iterations, ls, r), args.repeats)
+                lambda r, ls=line_search: torch_dlg(net, target_t, args.iterations, ls, r, args.memory), args.repeats)
             print(f"  torch {mode}, {threads} thread(s): {t_torch:.3g} s")
             if best is None or t_torch < best[0]:
                 best = (t_torch, xr, n_iter, n_eval, threads)

@@ -1,4 +1,5 @@
-"""DLG LeNet on 32×32×3 CIFAR-10 images from local python-pickle files (never downloaded; pass the folder).
+"""DLG LeNet on 32×32×3 CIFAR-10 images from local python-pickle files (never downloaded; pass the folder), with the
+4,000 L-BFGS iterations that colour needs (configs/pgla/patches_lenet.py).
 
     python -m pgla_jax.attack --config cifar10_lenet --data-path ~/data/cifar-10-batches-py --out runs/cifar
 """
@@ -11,7 +12,7 @@ def get_config() -> ExperimentConfig:
         data=DataConfig(name="cifar10", split="test", path=None),
         victim=VictimConfig(kind="lenet", image_shape=(32, 32, 3), num_classes=10),
         protection=ProtectionConfig(),
-        attack=AttackConfig(kind="dlg", iterations=300),
+        attack=AttackConfig(kind="dlg", iterations=4000),
         batch_size=1,
         num_images=4,
     )

@@ -16,9 +16,9 @@ def _target(graphdef, params, x, labels, num_classes=10):
     return fl.batch_grad(graphdef, params, x, fl.one_hot(jnp.asarray(labels), num_classes))
 
 
-# 500 L-BFGS iterations: at DLG's 300 the same 10 digits give exactly 8 of 10 ≥ 30 dB (no margin for a CPU whose
-# float rounding differs), at 500 they give 9 of 10.
+# 500 L-BFGS iterations (history 100, torch's): the same 10 digits give 10 of 10 ≥ 30 dB, at DLG's 300 they give 9.
 DLG_500 = AttackConfig(kind="dlg", iterations=500)
+COLOUR_ITERATIONS = 4000
 
 
 def _dlg_psnrs(victim, images, labels, cfg=DLG_500, attack=dlg.dlg):
@@ -119,11 +119,13 @@ def test_dlg_recovers_fashion_mnist():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known limitation: 300-500 L-BFGS iterations do not invert the 3-channel "
-                   "U(-0.5, 0.5) LeNet (sigmoids saturate; measured ~7 dB); grey 28×28 crops of the same patches "
-                   "reach 32-34 dB")
 def test_dlg_recovers_colour_patches():
+    # 32×32×3 has 4× the unknowns of MNIST and a worse-conditioned objective: DLG needs the L-BFGS history of
+    # torch's LBFGS (100 pairs; with optax's default 10 this reached ~7 dB) and more iterations than the 300 of
+    # the MNIST setting (torch's DLG runs up to 20 inner iterations per step, so its 300 steps are up to 6,000).
+    # Measured at 4,000: 27.4, 33.8 and 36.7 dB; at 3,000: 23.5, 29.3 and 30.4; every label right.
     px, py = data.pick(data.skimage_patches(n=64, seed=0), 3, seed=0)
-    psnr, _ = _dlg_psnrs(split_victim(VictimConfig(image_shape=(32, 32, 3))), px, py)
+    psnr, correct = _dlg_psnrs(split_victim(VictimConfig(image_shape=(32, 32, 3))), px, py,
+                               cfg=AttackConfig(kind="dlg", iterations=COLOUR_ITERATIONS))
     print("DLG colour 32×32×3 PSNR (dB):", np.round(psnr, 1).tolist())
-    assert (psnr >= 25.0).sum() >= 2, psnr
+    assert np.median(psnr) >= 25.0 and correct.all(), psnr
