@@ -94,6 +94,11 @@ def _score(rec: dlg.Recovery, x, labels) -> tuple[dict[str, float], np.ndarray]:
     }, images
 
 
+def _jitter(starts: list[list[float]]) -> float:
+    """Std (ddof 1) over random starts of the mean PSNR over images: one start per inner list."""
+    return float(np.std([np.mean(s) for s in starts], ddof=1))
+
+
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
@@ -103,12 +108,15 @@ _IMAGE_KEYS = ("image_psnr", "image_ssim", "label_accuracy")
 
 def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callable | None = None,
         denoisers: Denoisers | None = None, settings: Sequence[tuple[str, str]] | None = None,
-        names: Sequence[str] | None = None, attacked: Sequence[str] = ATTACKED) -> Outcome:
+        names: Sequence[str] | None = None, attacked: Sequence[str] = ATTACKED, jitter: int = 0) -> Outcome:
     """Runs the experiment; `progress(n)` is called after each attack (n = 1) for a progress bar.
 
     `settings`: (noise, calibration) pairs (default: the config's protection); `denoisers`: from
     `pgla_jax.denoise.denoisers.load` (default: the baselines only); `names`: which of them (default all);
-    `attacked`: the denoisers whose output is also inverted by the attack.
+    `attacked`: the denoisers whose output is also inverted by the attack; `jitter`: that many more attacks of the
+    protected gradient (`none`) per image from other random starts, whose spread is the row's `image_psnr_jitter`
+    (the std over starts of the images' mean PSNR): the attack's own noise, against which a denoiser's gain or
+    loss is read.
     """
     ds = data.load(cfg.data) if ds is None else ds
     validate(cfg, ds)
@@ -128,6 +136,7 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
     image = {}  # (setting, ε, name) -> list of image score dicts
     imgs = {}  # (setting, ε, name) -> list of image batches
     t_stars = {}
+    spread = {}  # (setting, ε) -> [start][batch] mean image PSNR of the protected gradient
     for b in range(cfg.num_images // cfg.batch_size):
         sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
         x, labels = jnp.asarray(x_all[sl]), y_all[sl]
@@ -158,6 +167,17 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
                         image.setdefault(k, []).append(s)
                         imgs.setdefault(k, []).append(im)
                         progress and progress(1)
+                    if name == "none" and jitter:
+                        starts = spread.setdefault((setting, eps), [[] for _ in range(jitter + 1)])
+                        if name in attacked:
+                            starts[0].append(image[k][-1]["image_psnr"])
+                        else:
+                            starts[0].append(_score(attack(graphdef, params, g_hat, k_att), x, labels)[0]["image_psnr"])
+                            progress and progress(1)
+                        for j in range(1, jitter + 1):
+                            rec = attack(graphdef, params, g_hat, jax.random.fold_in(k_b, 1000 + j))
+                            starts[j].append(_score(rec, x, labels)[0]["image_psnr"])
+                            progress and progress(1)
 
     rows = []
     for setting in settings:
@@ -167,7 +187,9 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
                 img = _mean(image[k]) if k in image else dict.fromkeys(_IMAGE_KEYS)
                 rows.append({"epsilon": float(eps), "noise": setting[0], "calibration": setting[1], "denoiser": name,
                              "t_star": t_stars[k], **_mean(grad[k]), **img,
-                             "noise_std": plans[(setting, eps)].std})
+                             "noise_std": plans[(setting, eps)].std,
+                             "image_psnr_jitter": _jitter(spread[(setting, eps)])
+                             if name == "none" and (setting, eps) in spread else None})
     clean = {"epsilon": None, "noise": None, "calibration": None, "denoiser": None, "t_star": None,
              **_mean(clean_scores), "noise_std": 0.0}
     panels, psnr = {}, {}

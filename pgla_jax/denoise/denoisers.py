@@ -82,7 +82,11 @@ class Denoisers:
         return ddpm.t_index(self.schedule, sigma)
 
     def run(self, name: str, g_sent, plan: NoisePlan, key) -> tuple[object, int | None]:
-        """(denoised gradient pytree, the paper's 1-based t* or None)."""
+        """(denoised gradient pytree, the paper's 1-based t* or None).
+
+        t* = 0: the noise is below the model's first step, and the adaptive diffusion denoisers return `g_sent`
+        itself (`sampling.below_first_step`); the paper's own non-adaptive and released loops still run.
+        """
         if name == "none":
             return g_sent, None
         y = self.codec.encode(g_sent)
@@ -95,6 +99,9 @@ class Denoisers:
             return self.codec.decode(_dncnn_call(graphdef, params, y[None])[0]), None
         if name not in _METHOD or self.unet is None:
             raise ValueError(f"unknown or unavailable denoiser {name!r}; available: {', '.join(self.names)}")
+        if name not in ("diffusion_nonadaptive", "diffusion_released") and sampling.below_first_step(
+                self.schedule, ddpm.effective_sigma(plan.noise, plan.scale)):
+            return g_sent, 0
         ti = self.start_index(name, plan)
         k_pad, k_run = jax.random.split(key)
         # The sent gradient has noise on the real entries only; put the same noise on the padding, so the whole

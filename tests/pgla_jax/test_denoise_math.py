@@ -158,18 +158,22 @@ def test_exact_start_is_the_posterior_mean_between_grid_steps(ti):
     assert rounded_err > 20 * exact_err  # the grid's extra half step of noise is visible
 
 
-def test_exact_start_below_the_first_step_is_nearly_the_identity():
-    # σ far below step 1's noise (the paper's ε = 100): the correction is scaled by the true σ, so the output stays
-    # within a few σ²-sized terms of g' rather than being pulled toward the prior by step 1's noise.
-    sigma = 1e-3
+def test_below_the_first_step_the_observation_is_returned():
+    # σ at or below step 1's noise (√(β_1 / (1 − β_1)) ≈ 0.01; the paper's ε ≥ 10): nothing the model was trained on,
+    # so the observation is the estimate, bit for bit, for every adaptive method. Just above it the model acts.
     y = MU + S * jax.random.normal(jax.random.key(5), (1, 16, 16, 1))
-    kw = dict(schedule=SCHED, method="oneshot")
-    out = sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(0),
-                           jax.random.key(0), **kw)
-    rounded = sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(0),
-                               jax.random.key(0), exact=False, **kw)
-    shift, shift_rounded = float(jnp.abs(out - y).max()), float(jnp.abs(rounded - y).max())
-    assert shift < 0.2 * shift_rounded
+    edge = float(np.sqrt(1 / SCHED.alphas_cumprod[0] - 1))
+
+    def run(sigma, method):
+        return sampling.denoise(exact_eps, {"mu": MU, "s2": S**2}, y, jnp.float32(sigma), jnp.int32(0),
+                                jax.random.key(0), schedule=SCHED, method=method)
+
+    for method in ("oneshot", "ddim", "ddpm"):
+        for sigma in (1e-3, 0.9 * edge):
+            assert bool(sampling.below_first_step(SCHED, jnp.float32(sigma)))
+            np.testing.assert_array_equal(np.asarray(run(sigma, method)), np.asarray(y))
+        assert not sampling.below_first_step(SCHED, 1.1 * edge)
+        assert float(jnp.abs(run(1.1 * edge, method) - y).max()) > 1e-6
 
 
 def test_one_compilation_for_every_start_step():

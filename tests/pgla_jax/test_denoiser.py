@@ -115,8 +115,24 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
     from pgla_jax.denoise import sampling
 
     before = sampling.denoise._cache_size()
-    dens.run("diffusion", g_sent, protections.plan(ProtectionConfig(noise="laplace"), 10.0, 1), jax.random.key(2))
-    assert sampling.denoise._cache_size() == before
+    plan2 = protections.plan(ProtectionConfig(noise="laplace"), 2.0, 1)
+    assert not sampling.below_first_step(dens.schedule, plan2.std)
+    _, t2 = dens.run("diffusion", g_sent, plan2, jax.random.key(2))
+    assert sampling.denoise._cache_size() == before and 1 <= t2 < t_star
+    # t* < 1: at ε = 10 the noise (std 0.0028) is below the first step's (≈ 0.01), and every adaptive denoiser
+    # returns the protected gradient bit for bit (t* reported as 0); the jitted sampler does the same on its own.
+    plan10 = protections.plan(ProtectionConfig(noise="laplace"), 10.0, 1)
+    assert sampling.below_first_step(dens.schedule, plan10.std)
+    for name in ("diffusion", "diffusion_ddim", "diffusion_oneshot", "diffusion_conditional"):
+        out, t0 = dens.run(name, g_sent, plan10, jax.random.key(3))
+        assert t0 == 0
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(g_sent), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    y = dens.codec.encode(g_sent)[None]
+    for method in ("ddpm", "ddim", "oneshot"):
+        out = sampling.denoise(denoisers._apply_for(dens.unet[0]), dens.unet[1], y, jnp.float32(plan10.std),
+                               jnp.int32(0), jax.random.key(4), schedule=dens.schedule, method=method)
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(y))
     # Laplace b = 0.02 at ε = 1: t* = 6 with the std √2·b, 4 with the released b; the non-adaptive step is fixed.
     t = {name: dens.start_index(name, plan) + 1 for name in denoisers.DIFFUSION}
     assert t["diffusion"] == t["diffusion_ddim"] == t["diffusion_conditional"] == 6
