@@ -16,7 +16,7 @@ import os
 import sys
 
 from configs import cli
-from pgla_jax.config import ExperimentConfig
+from pgla_jax.config import DATASETS, ExperimentConfig, is_dataset_name
 
 
 def _choices(allowed: tuple[str, ...]):
@@ -62,13 +62,26 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
     p.add_argument("--attack", choices=("dlg", "idlg", "ig"))
     p.add_argument("--images", type=int, help="number of private images attacked")
+    p.add_argument("--jitter", type=int, default=0, metavar="J",
+                   help="J more attacks of each protected gradient from other random starts: their spread is the "
+                        "image_psnr_jitter column, the attack's own noise (default 0: not measured)")
     p.add_argument("--batch-size", type=int, help="images per client gradient")
     p.add_argument("--iterations", type=int, help="attack iterations (L-BFGS or Adam steps)")
-    p.add_argument("--data-path", help="data folder (CIFAR pickles, Fashion-MNIST IDX files)")
+    p.add_argument("--data", metavar="NAME",
+                   help="data set: mnist5k, fashion_mnist, digits, skimage_patches, cifar10, cifar100 (pickles) or "
+                        "tfds:<name> (a prepared tfds dataset, e.g. tfds:cifar100, tfds:pgla_patches)")
+    p.add_argument("--data-path", help="data folder (CIFAR pickles, Fashion-MNIST IDX files, the tfds data_dir)")
     p.add_argument("--out", default="pgla_out", help="output folder for the PNG grids and results.{md,json}")
     p.add_argument("--force", action="store_true", help="overwrite existing outputs")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p.parse_args(argv)
+
+
+def check_data_name(name: str) -> str:
+    """`name` if it names a data set (`pgla_jax.config.DATASETS` or tfds:<name>); BadInput otherwise."""
+    if is_dataset_name(name):
+        return name
+    raise cli.BadInput(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
 
 
 def build_config(args):
@@ -82,10 +95,15 @@ def build_config(args):
     if att.get("kind", cfg.attack.kind) != cfg.attack.kind:
         att.setdefault("iterations", None)  # the new attack's own defaults, not the config's (L-BFGS ≠ Adam)
         att["lr"] = None
+    data_cfg = cfg.data
+    if args.data is not None:
+        data_cfg = dataclasses.replace(data_cfg, name=check_data_name(args.data))
     if args.data_path is not None:
         if not os.path.isdir(args.data_path):
             raise cli.BadInput(f"data path {args.data_path} not found")
-        top["data"] = dataclasses.replace(cfg.data, path=args.data_path)
+        data_cfg = dataclasses.replace(data_cfg, path=args.data_path)
+    if data_cfg != cfg.data:
+        top["data"] = data_cfg
     return cfg.replace(protection=dataclasses.replace(cfg.protection, **prot),
                        attack=dataclasses.replace(cfg.attack, **att), **top)
 
@@ -105,7 +123,7 @@ def denoiser_path(spec: str) -> str | None:
 def markdown(rows, clean) -> str:
     """The results as a Markdown table (image metrics with data range 1; '–' where a denoiser was not attacked)."""
     cols = ("noise", "calibration", "epsilon", "noise_std", "denoiser", "t_star", "grad_cosine", "grad_psnr",
-            "image_psnr", "image_ssim", "label_accuracy")
+            "image_psnr", "image_ssim", "label_accuracy", "image_psnr_jitter")
 
     def fmt(v):
         if v is None:
@@ -116,7 +134,7 @@ def markdown(rows, clean) -> str:
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in [{**clean, "noise": "clean", "denoiser": "–"}, *rows]:
-        lines.append("| " + " | ".join(fmt(r[c]) for c in cols) + " |")
+        lines.append("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -157,11 +175,14 @@ def _main(argv) -> int:
     if unknown:
         raise cli.BadInput(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
     attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED) if n in names]
-    per_image = 1 + len(settings) * len(cfg.epsilons) * len(attacked)
+    if args.jitter < 0:
+        raise cli.BadInput(f"--jitter must be ≥ 0, got {args.jitter}")
+    per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) + args.jitter
+                                                          + (args.jitter > 0 and "none" not in attacked))
     total = (cfg.num_images // cfg.batch_size) * per_image
     with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
         outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,
-                                 attacked=attacked)
+                                 attacked=attacked, jitter=args.jitter)
     for (n, c), figure in zip(settings, figures):
         experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
                                title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "

@@ -7,9 +7,17 @@ is hashable and can be a static argument of `jax.jit`. Values that vary per call
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Literal
 
 DatasetName = Literal["mnist5k", "fashion_mnist", "digits", "skimage_patches", "cifar10", "cifar100"]
+#: The data sets read from files (`pgla_jax.data.load`); "tfds:<name>" names a prepared tfds dataset besides.
+DATASETS: tuple[str, ...] = typing.get_args(DatasetName)
+
+
+def is_dataset_name(name: str) -> bool:
+    return name in DATASETS or (name.startswith("tfds:") and len(name) > len("tfds:"))
+
 VictimKind = Literal["lenet", "mlp", "convnet", "resnet"]
 NoiseKind = Literal["gaussian", "laplace"]
 Calibration = Literal["paper", "dpsgd"]
@@ -18,9 +26,9 @@ AttackKind = Literal["dlg", "idlg", "ig"]
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    name: DatasetName = "mnist5k"
+    name: DatasetName | str = "mnist5k"  # or "tfds:<name>": a prepared tfds dataset (pgla_jax.tfds_sources)
     split: Literal["train", "test"] = "train"  # Fashion-MNIST / CIFAR files only; the others have one split
-    path: str | None = None  # CIFAR: folder holding the python-pickle batches (never downloaded)
+    path: str | None = None  # CIFAR: folder of the python-pickle batches; tfds: the data_dir (never downloaded)
     seed: int = 0  # which images are picked as the clients' private data
 
 
@@ -61,7 +69,8 @@ class AttackConfig:
     restarts: int = 1  # vmapped random initialisations; the best final matching loss wins
     lr: float | None = None  # DLG/iDLG: None = zoom line search, a float = fixed step; IG: Adam step (0.1)
     # L-BFGS history: torch.optim.LBFGS's history_size, which DLG runs with. 10 pairs (optax's default) converge
-    # far slower on this ill-conditioned objective: 32×32×3 DLG at 3,000 iterations reaches ~12 dB with 10, ~29 with 100.
+    # far slower on this ill-conditioned objective: 32×32×3 DLG at 3,000 iterations reaches ~12 dB with 10, ~29 with
+    # 100.
     memory: int = 100
     tv: float = 1e-4  # IG total-variation weight
     seed: int = 0

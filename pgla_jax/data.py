@@ -18,7 +18,7 @@ import grain
 import numpy as np
 from jaxtyping import Float, Int
 
-from pgla_jax.config import DataConfig
+from pgla_jax.config import DATASETS, DataConfig
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -175,7 +175,11 @@ def load(cfg: DataConfig) -> ImageSet:
         return skimage_patches(seed=cfg.seed)
     if cfg.name in ("cifar10", "cifar100"):
         return load_cifar(cfg.path, cfg.name, cfg.split)
-    raise DataError(f"unknown data set {cfg.name!r}")
+    if cfg.name.startswith("tfds:"):
+        from pgla_jax import tfds_sources  # tensorflow-datasets is imported only for tfds names
+
+        return tfds_sources.load(cfg.name.removeprefix("tfds:"), cfg.split, cfg.path)
+    raise DataError(f"unknown data set {cfg.name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
 
 
 def pick(ds: ImageSet, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ import sys
 import time
 
 from configs import cli
-from pgla_jax.config import DenoiserConfig
+from pgla_jax.config import DATASETS, DenoiserConfig, is_dataset_name
 
 
 def parse(argv):
@@ -26,6 +26,10 @@ def parse(argv):
                    help="override a config field, e.g. --set unet.width=32 (repeatable; --steps wins over it)")
     p.add_argument("--workdir", required=True, help="folder for the data set, the training state and the result")
     p.add_argument("--data-dir", help="gradient data set folder (default WORKDIR/gradients)")
+    p.add_argument("--data", metavar="NAME",
+                   help="the surrogate's images (default: the config's, Fashion-MNIST): a data set name of "
+                        "`pgla_jax.attack --data`, e.g. tfds:pgla_fashion_mnist")
+    p.add_argument("--data-path", help="folder of those images (CIFAR pickles, the tfds data_dir)")
     p.add_argument("--steps", type=int, help="override the number of training steps (a new schedule: new workdir)")
     p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
     p.add_argument("--extend", action="store_true",
@@ -37,6 +41,18 @@ def build_config(args) -> DenoiserConfig:
     cfg = cli.load_config(args.config, "configs.pgla", DenoiserConfig)
     for assignment in args.set:
         cfg = cli.override(cfg, assignment)
+    if args.data is not None or args.data_path is not None:
+        src = cfg.gradients.data
+        if args.data is not None:
+            if not is_dataset_name(args.data):
+                raise cli.BadInput(f"unknown data set {args.data!r}; expected one of {', '.join(DATASETS)} or "
+                                   "tfds:<name>")
+            src = dataclasses.replace(src, name=args.data)
+        if args.data_path is not None:
+            if not os.path.isdir(args.data_path):
+                raise cli.BadInput(f"data path {args.data_path} not found")
+            src = dataclasses.replace(src, path=args.data_path)
+        cfg = dataclasses.replace(cfg, gradients=dataclasses.replace(cfg.gradients, data=src))
     if args.steps is not None:
         if args.steps < 1:
             raise cli.BadInput(f"--steps must be ≥ 1, got {args.steps}")
