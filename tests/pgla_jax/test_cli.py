@@ -56,6 +56,7 @@ def test_cli_json_and_figure(tmp_path, capsys):
     (["--config", "denoiser_tiny"], "expected ExperimentConfig"),
     (["--set", "attack.no_such_field=1"], "unknown config key"),
     (["--set", "attack.iterations=many"], "--set attack.iterations"),
+    (["--jitter", "-1"], "--jitter must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert attack.main([*argv, "--out", str(tmp_path)]) == 2
@@ -153,7 +154,7 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--config", "digits_tiny", "--denoiser", ckpt, "--noise", "gaussian,laplace", "--epsilons", "1",
             "--images", "1", "--iterations", "20", "--denoisers", "none,wiener,diffusion,diffusion_released",
-            "--attacked", "diffusion", "--out", str(out), "--json"]
+            "--attacked", "diffusion", "--jitter", "2", "--out", str(out), "--json"]
     assert attack.main(argv) == 0
     res = json.loads(capsys.readouterr().out)
     rows = {(r["noise"], r["denoiser"]): r for r in res["results"]}
@@ -161,6 +162,11 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     assert rows[("gaussian", "diffusion")]["t_star"] == 24 and rows[("laplace", "diffusion")]["t_star"] == 6
     assert rows[("laplace", "diffusion_released")]["t_star"] == 4 and rows[("gaussian", "none")]["t_star"] is None
     assert rows[("gaussian", "none")]["image_psnr"] is None and rows[("gaussian", "wiener")]["label_accuracy"] is None
+    # --jitter: the protected gradient attacked from 3 starts (even though `none` is not attacked), spread > 0;
+    # the other rows carry none.
+    for noise in ("gaussian", "laplace"):
+        assert rows[(noise, "none")]["image_psnr_jitter"] > 0.0
+        assert rows[(noise, "diffusion")]["image_psnr_jitter"] is None
     # Untrained weights: 24 steps of the correct loop wreck the gradient (cosine 0.32 against 0.51 as received, image
     # 3.7 dB against the clean gradient's 12.3 dB after 20 iterations), while the released loop, which never
     # iterates, leaves it where it was (cosine 0.001 / 0.004 from the input's, Gaussian / Laplace).
