@@ -98,3 +98,21 @@ def test_run_turns_bad_input_into_one_line_and_exit_2(capsys):
     assert cli.run(body, ["--n", "1"]) == 2 and capsys.readouterr().err == "error: no such file: a\n"
     with pytest.raises(RuntimeError):
         cli.run(body, ["--n", "2"])
+
+
+def test_every_pgla_preset_loads_as_its_kind():
+    # A preset that no test imports must still build: every file in configs/pgla returns an ExperimentConfig or a
+    # DenoiserConfig, and denoiser presets fit their victim's gradient (the U-Net's downsampling divides the side).
+    import pkgutil
+
+    import configs.pgla
+    from pgla_jax.config import DenoiserConfig, ExperimentConfig
+
+    names = [m.name for m in pkgutil.iter_modules(configs.pgla.__path__)]
+    assert {"mnist_lenet", "patches_lenet", "cifar100_lenet", "denoiser_lenet", "denoiser_paper"} <= set(names)
+    for name in names:
+        cfg = cli.load_config(name, "configs.pgla", (ExperimentConfig, DenoiserConfig))
+        if isinstance(cfg, DenoiserConfig):
+            assert cfg.batch_size >= 1 and cfg.unet.width % cfg.unet.groups == 0, name
+        else:
+            assert len(cfg.victim.image_shape) == 3 and cfg.num_images % cfg.batch_size == 0, name

@@ -1,0 +1,27 @@
+"""The paper's denoiser scale, for an accelerator: the lucidrains U-Net at dim 120 (heads 4 × 32, mults (1, 2, 4)),
+on the same 4,000 Fashion-MNIST surrogate gradients of the DLG LeNet as `denoiser_lenet`, batches of 32 for 2,500
+steps (20 passes, the paper's 20 epochs). Data-parallel over every device present: `train_denoiser` shards each batch
+over `configs/sharding.py`'s `data` axis, so the batch must divide by the device count (32: 1, 2, 4, 8, 16 or 32).
+
+    python -m pgla_jax.train_denoiser --config denoiser_paper --workdir runs/denoiser_paper
+
+Not trained in this repository (no accelerator has been available to it); the shipped checkpoint is `denoiser_lenet`
+(width 16).
+"""
+
+from pgla_jax.config import DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig
+
+
+def get_config() -> DenoiserConfig:
+    return DenoiserConfig(
+        unet=UNetConfig(width=120, mults=(1, 2, 4), groups=4, heads=4, head_dim=32, cond_channels=1),
+        gradients=GradientDataConfig(victim=VictimConfig(), steps=250, per_step=16, lr=1e-3),
+        layout="image2d",
+        batch_size=32,
+        steps=2500,
+        lr=2e-4,
+        focus_t=32,
+        focus_prob=0.9,
+        checkpoint_every=250,
+        dncnn_steps=3000,
+    )
