@@ -26,8 +26,8 @@ _batch_grad = jax.jit(fl.batch_grad, static_argnums=0)
 
 #: Denoisers whose output is attacked by default (the others get gradient metrics only; attacks dominate the cost).
 #: DDIM rather than the paper's ancestral loop: from the same t* it has the higher gradient cosine in every noisy
-#: row, and DLG from it is never far below the protected gradient, where the ancestral loop's fresh noise costs DLG
-#: ~3 dB at Laplace ε = 1 (docs/pgla.md).
+#: row and the better DLG image in each: at Laplace ε = 1 DLG from it is 0.6-0.7 dB below the protected gradient,
+#: from the ancestral loop (whose fresh noise DLG follows) ~3 dB below (docs/pgla.md).
 ATTACKED = ("none", "diffusion_ddim")
 
 

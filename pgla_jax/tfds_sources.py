@@ -11,7 +11,7 @@ Two kinds of names, both read by `load(name, split, data_dir)` into an `ImageSet
   crops). They prepare in seconds, offline.
 
 Nothing is downloaded by `load`: a dataset that is not prepared in `data_dir` is a one-line `DataError` naming it,
-the folder and the command that prepares it. The CLIs spell these datasets ``--data tfds:<name> --data-dir DIR``.
+the folder and the command that prepares it. The CLIs spell these datasets ``--data tfds:<name> --data-path DIR``.
 """
 
 from __future__ import annotations
