@@ -9,19 +9,18 @@ Not trained in this repository (no accelerator has been available to it); the sh
 (width 16).
 """
 
-from pgla_jax.config import DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig
+import dataclasses
+
+from configs.pgla import denoiser_lenet
+from pgla_jax.config import DenoiserConfig, UNetConfig
 
 
 def get_config() -> DenoiserConfig:
-    return DenoiserConfig(
+    # The shipped recipe (same gradients, schedule shape, t focus, DnCNN) with the paper's U-Net and batch.
+    return dataclasses.replace(
+        denoiser_lenet.get_config(),
         unet=UNetConfig(width=120, mults=(1, 2, 4), groups=4, heads=4, head_dim=32, cond_channels=1),
-        gradients=GradientDataConfig(victim=VictimConfig(), steps=250, per_step=16, lr=1e-3),
-        layout="image2d",
         batch_size=32,
         steps=2500,
         lr=2e-4,
-        focus_t=32,
-        focus_prob=0.9,
-        checkpoint_every=250,
-        dncnn_steps=3000,
     )
