@@ -125,7 +125,9 @@ class Decoder(nnx.Module):
 
     def serving(self) -> lm.LM:
         """This model in serving form (per-layer, fused weights): the form the decoding loops run."""
-        return jax.jit(lm.serving_params, static_argnums=0)(self.cfg, self.params())
+        params = self.params()
+        groups, shardings = lm.serving_layout(self.cfg, params)  # on a mesh: laid out and cut for its shards
+        return jax.jit(lm.serving_params, static_argnums=(0, 2), out_shardings=shardings)(self.cfg, params, groups)
 
     def __call__(self, tokens, positions=None, mask=None, cache=None, write_pos=None, *, n_layers=None):
         """Logits [B, T, V] (float32), last hidden [B, T, D], updated cache. Defaults: causal, no padding."""

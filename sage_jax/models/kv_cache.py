@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from configs.sharding import shard
+
 
 @flax.struct.dataclass
 class KVCache:
@@ -25,10 +27,14 @@ class KVCache:
 
     @classmethod
     def zeros(cls, n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int,
-              dtype=jnp.float32) -> KVCache:
+              dtype=jnp.float32, *, cut_heads: bool = False) -> KVCache:
+        """An empty cache, born sharded under a current mesh (`configs.sharding.use`): rows over the batch axes,
+        and with `cut_heads` the kv heads over the tensor-parallel axis (a model whose attention is tensor-parallel,
+        `LM.groups`), so that no device ever holds, or gathers, the whole cache."""
         shape = (batch, capacity, n_kv_heads, head_dim)
-        return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
-                   v=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)))
+        names = ("batch", "cache_seq", "kv_heads" if cut_heads else None, "head_dim")
+        zeros = lambda: shard(jnp.zeros(shape, dtype), names)  # noqa: E731
+        return cls(k=tuple(zeros() for _ in range(n_layers)), v=tuple(zeros() for _ in range(n_layers)))
 
     @property
     def n_layers(self) -> int:

@@ -20,6 +20,7 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import map_shards, shard
@@ -33,19 +34,49 @@ from sage_jax.models.visibility import Visibility
 MODEL_SCOPE = "model"
 
 
-def fuse_layer(cfg: LMConfig, p: dict) -> dict:
-    """One layer's canonical params (wq [D,N,H], ...) -> fused 2-D matrices (wqkv [D, (N+2K)H], ...)."""
+#: Row groups of a serving layer's fused matrices: (qkv, gate|up). A `tp`-way tensor-parallel model lays each
+#: fused matrix out as `tp` groups, group j holding shard j's rows of every part ([q_j | k_j | v_j], [gate_j | up_j]),
+#: so that cutting the fused rows `tp` ways gives every device whole heads and matching gate / up rows, and the
+#: layer runs with no communication but its two all-reduces. (1, 1): the plain layout, [q | k | v], [gate | up].
+Groups = tuple[int, int]
+
+
+def fuse_layer(cfg: LMConfig, p: dict, groups: Groups = (1, 1)) -> dict:
+    """One layer's canonical params (wq [D,N,H], ...) -> fused 2-D matrices (wqkv [D, (N+2K)H], ...), their columns
+    in `groups` (see `Groups`)."""
     d = cfg.d_model
+    ga, gm = groups
+
+    def cat(parts, g):  # [..., X_i] each -> [..., sum X_i], group-major: [p0_0 | p1_0 | .. | p0_1 | p1_1 | ..]
+        lead = parts[0].shape[:-1]
+        return jnp.concatenate([x.reshape(*lead, g, -1) for x in parts], -1).reshape(*lead, -1)
+
     out = {
         "attn_norm": p["attn_norm"], "mlp_norm": p["mlp_norm"],
-        "wqkv": jnp.concatenate([p["wq"].reshape(d, -1), p["wk"].reshape(d, -1), p["wv"].reshape(d, -1)], 1),
+        "wqkv": cat([p["wq"].reshape(d, -1), p["wk"].reshape(d, -1), p["wv"].reshape(d, -1)], ga),
         "wo": p["wo"].reshape(-1, d),
-        "w_gate_up": jnp.concatenate([p["w_gate"], p["w_up"]], 1),
+        "w_gate_up": cat([p["w_gate"], p["w_up"]], gm),
         "w_down": p["w_down"],
     }
     if cfg.qkv_bias:
-        out["bqkv"] = jnp.concatenate([p["bq"].reshape(-1), p["bk"].reshape(-1), p["bv"].reshape(-1)])
+        out["bqkv"] = cat([p["bq"].reshape(-1), p["bk"].reshape(-1), p["bv"].reshape(-1)], ga)
     return out
+
+
+def _split(x: Float[Array, "..."], sizes: tuple[int, ...], g: int, names: tuple[str | None, ...], axis: int
+           ) -> list[Float[Array, "..."]]:
+    """The parts of a fused activation whose `axis` lies in `g` row groups (`fuse_layer`), each part in its own
+    order: `sizes` are the parts' whole lengths. `names`: the logical axes of the grouped view (its group axis cut
+    as the fused rows are, so the partitioner slices every device's own group instead of reshuffling them).
+    With g = 1 these are plain slices."""
+    axis = axis % x.ndim
+    shape = x.shape
+    x = x.reshape(*shape[:axis], g, -1, *shape[axis + 1:])
+    if g > 1:
+        x = shard(x, names)
+    ends = np.cumsum([0, *(n // g for n in sizes)])
+    return [jax.lax.slice_in_dim(x, int(lo), int(hi), axis=axis + 1).reshape(*shape[:axis], -1, *shape[axis + 1:])
+            for lo, hi in zip(ends[:-1], ends[1:], strict=True)]
 
 
 def serving_layer(p: dict) -> dict:
@@ -64,12 +95,13 @@ def serving_layer(p: dict) -> dict:
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
           write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility,
-          mask_new: Bool[Array, "B T T"] | None = None, *, write: bool = True):
+          mask_new: Bool[Array, "B T T"] | None = None, *, write: bool = True, groups: Groups = (1, 1)):
     """One pre-norm transformer layer on a `serving_layer` (feature-major inside, see the module docstring).
     Without a cache, queries attend among themselves. With `mask_new` (`split_mask`) the cache is only read, the
     queries see its slots under `mask` and the new tokens under `mask_new`, and the new keys/values [B, T, K, H]
     come back in the cache's place (`LM.forward(write=False)`). A `Visibility` mask (`cfg.attention == "pallas"`,
-    `resolve_mask`) runs the tree-attention kernel instead; `write=False` then reads the cache the same way."""
+    `resolve_mask`) runs the tree-attention kernel instead; `write=False` then reads the cache the same way.
+    `groups`: the layout of the fused matrices (`Groups`)."""
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
     n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -81,19 +113,19 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     qkv = jnp.einsum("ED,DM->EM", p["qkv"].astype(dt), h)
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"].astype(dt)[:, None]
-    qkv = qkv.T.reshape(b, t, -1)
-    q = qkv[..., : n * hd].reshape(b, t, n, hd)
-    k = qkv[..., n * hd: (n + kh) * hd].reshape(b, t, kh, hd)
-    v = qkv[..., (n + kh) * hd:].reshape(b, t, kh, hd)
+    parts = _split(qkv.T.reshape(b, t, -1), (n * hd, kh * hd, kh * hd), groups[0], ("batch", "seq", "heads", None), -1)
+    q, k, v = (x.reshape(b, t, -1, hd) for x in parts)
     sections = cfg.rope.mrope_section  # used only by [B, T, 3] (multimodal) positions
-    q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale, sections), ("batch", "seq", "heads", "head_dim"))
-    k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale, sections), ("batch", "seq", "kv_heads", "head_dim"))
+    # Heads are cut only when the fused rows are (`serving_layout`): GQA groups then never straddle devices.
+    hq, hk = ("heads", "kv_heads") if groups[0] > 1 else (None, None)
+    q = shard(layers.apply_rope(q, positions, inv_freq, rope_scale, sections), ("batch", "seq", hq, "head_dim"))
+    k = shard(layers.apply_rope(k, positions, inv_freq, rope_scale, sections), ("batch", "seq", hk, "head_dim"))
     if isinstance(mask, Visibility):
         o, k_out, v_out = _kernel_attention(q, k, v, k_cache, v_cache, write_pos, mask, write)
-        return _mlp(cfg, p, xm, o, b, t), k_out, v_out
+        return _mlp(cfg, p, xm, o, b, t, groups[1]), k_out, v_out
     if k_cache is not None and mask_new is not None:
         o = layers.attention_with_new(q, k_cache.astype(dt), v_cache.astype(dt), mask, k, v, mask_new)
-        return _mlp(cfg, p, xm, o, b, t), k, v
+        return _mlp(cfg, p, xm, o, b, t, groups[1]), k, v
     if k_cache is not None:
         k_cache = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
         v_cache = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
@@ -101,7 +133,7 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     else:
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask)
-    return _mlp(cfg, p, xm, o, b, t), k_cache, v_cache
+    return _mlp(cfg, p, xm, o, b, t, groups[1]), k_cache, v_cache
 
 
 def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -165,23 +197,24 @@ def split_mask(mask: Bool[Array, "B T S"], write_pos: Int[Array, " B"]
     return mask & ~stale, mask_new
 
 
-def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N H"], b: int, t: int
-         ) -> Float[Array, "B T D"]:
+def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N H"], b: int, t: int,
+         groups: int = 1) -> Float[Array, "B T D"]:
     """The rest of `block` after attention: output projection, residual, and the gated MLP."""
     dt = jnp.dtype(cfg.dtype)
     o = o.reshape(b * t, -1).T
     xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), (None, "batch"))
     h = layers.rms_norm(xm, p["mlp_norm"], cfg.norm_eps, axis=0)
     gu = jnp.einsum("FD,DM->FM", p["gate_up"].astype(dt), h)
-    f = cfg.mlp_dim
-    act = shard(jax.nn.silu(gu[:f]) * gu[f:], ("mlp", "batch"))
+    gate, up = _split(gu, (cfg.mlp_dim, cfg.mlp_dim), groups, ("mlp", None, "batch"), 0)
+    act = shard(jax.nn.silu(gate) * up, ("mlp", "batch"))
     xm = xm + jnp.einsum("DF,FM->DM", p["down"].astype(dt), act)
     return shard(xm.T.reshape(b, t, -1), ("batch", "seq", "embed"))
 
 
 def probe_attention(cfg: LMConfig, p: dict, x: Float[Array, "B Q D"],
                     positions: Int[Array, "B Q"] | Int[Array, "B Q 3"], k_all: Float[Array, "B S K H"],
-                    mask: Bool[Array, "B Q S"], weight: Float[Array, "B Q"]) -> Float[Array, "B S"]:
+                    mask: Bool[Array, "B Q S"], weight: Float[Array, "B Q"], groups: Groups = (1, 1)
+                    ) -> Float[Array, "B S"]:
     """How much Q probe queries (layer inputs `x`) attend to each key slot in one layer: the softmax weights
     averaged over the query heads and over the queries by `weight` (rows of `weight` sum to 1). The query
     projection is recomputed for the Q probes only, so `block` stays as it is."""
@@ -190,9 +223,10 @@ def probe_attention(cfg: LMConfig, p: dict, x: Float[Array, "B Q D"],
     n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
     h = layers.rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q = jnp.einsum("ED,BQD->BQE", p["qkv"][: n * hd].astype(dt), h)
+    sizes = (n * hd, kh * hd, kh * hd)
+    q = jnp.einsum("ED,BQD->BQE", _split(p["qkv"], sizes, groups[0], ("heads", None, None), 0)[0].astype(dt), h)
     if cfg.qkv_bias:
-        q = q + p["bqkv"][: n * hd].astype(dt)[None, None]
+        q = q + _split(p["bqkv"], sizes, groups[0], ("heads", None), 0)[0].astype(dt)[None, None]
     q = layers.apply_rope(q.reshape(b, q_len, n, hd), positions, inv_freq, rope_scale, cfg.rope.mrope_section)
     qg = q.reshape(b, q_len, kh, n // kh, hd)
     s = jnp.einsum("BQKGH,BSKH->BKGQS", qg, k_all.astype(dt), preferred_element_type=jnp.float32) * (hd**-0.5)
@@ -229,7 +263,7 @@ class LM:
     """A decoder in serving form (a pytree; `cfg` is static).
 
     Attributes: embed [V, D]; final_norm [D]; lm_head [D, V] or None (tied); layers: per-layer
-    `serving_layer` dicts.
+    `serving_layer` dicts; groups: their fused matrices' row groups (`Groups`; `serving_params`).
     """
 
     embed: Float[Array, "V D"]
@@ -237,6 +271,7 @@ class LM:
     lm_head: Float[Array, "D V"] | None
     layers: tuple[dict, ...]
     cfg: LMConfig = flax.struct.field(pytree_node=False)
+    groups: Groups = flax.struct.field(pytree_node=False, default=(1, 1))  # the fused matrices' layout (`Groups`)
 
     @property
     def n_layers(self) -> int:
@@ -254,7 +289,8 @@ class LM:
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.cfg
-        return KVCache.zeros(self.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype))
+        return KVCache.zeros(self.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype),
+                             cut_heads=self.groups[0] > 1)
 
     @jax.named_scope(MODEL_SCOPE)
     def forward(self, tokens: Int[Array, "B T"] | None, positions: Int[Array, "B T"] | Int[Array, "B T 3"],
@@ -287,7 +323,7 @@ class LM:
             for i, p in enumerate(self.layers):
                 if i in taps:
                     tapped.append(x)
-                x, _, _ = block(self.cfg, p, x, positions, None, None, None, mask)
+                x, _, _ = block(self.cfg, p, x, positions, None, None, None, mask, groups=self.groups)
             return (x, None, _concat(tapped, taps)) if taps else (x, None)
         if cache.n_layers != self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
@@ -307,9 +343,10 @@ class LM:
             x_in = x
             if i in taps:
                 tapped.append(x)
-            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new, write=write)
+            x, k_l, v_l = block(self.cfg, p, x, positions, k_l, v_l, write_pos, mask, mask_new, write=write,
+                                groups=self.groups)
             if probe is not None:
-                score = score + probe_attention(self.cfg, p, take(x_in), p_pos, k_l, p_mask, probe.weight)
+                score = score + probe_attention(self.cfg, p, take(x_in), p_pos, k_l, p_mask, probe.weight, self.groups)
             ks.append(k_l)
             vs.append(v_l)
         extra = (_concat(tapped, taps),) if taps else ()
@@ -333,10 +370,47 @@ def _concat(tapped: list, taps: tuple[int, ...]) -> Float[Array, "B T Z"]:
     return jnp.concatenate([by_layer[i] for i in taps], axis=-1)
 
 
-def serving_params(cfg: LMConfig, params: dict) -> LM:
-    """Canonical (stacked) params -> `LM`. Run it once, under `jax.jit` or eagerly."""
+def serving_params(cfg: LMConfig, params: dict, groups: Groups = (1, 1)) -> LM:
+    """Canonical (stacked) params -> `LM`, fused in `groups` (`serving_layout` gives a sharded model's). Run it once,
+    under `jax.jit` or eagerly."""
     blocks = params["blocks"]
-    per_layer = tuple(serving_layer(fuse_layer(cfg, {k: v[i] for k, v in blocks.items()}))
+    per_layer = tuple(serving_layer(fuse_layer(cfg, {k: v[i] for k, v in blocks.items()}, groups))
                       for i in range(cfg.n_layers))
     return LM(embed=params["embed"], final_norm=params["final_norm"], lm_head=params.get("lm_head"),
-              layers=per_layer, cfg=cfg)
+              layers=per_layer, cfg=cfg, groups=groups)
+
+
+def serving_layout(cfg: LMConfig, params: dict) -> tuple[Groups, LM | None]:
+    """The serving form's layout for canonical `params` placed on a mesh (`NamedSharding`s; abstract arrays too):
+    the fused matrices' `Groups`, and an `LM` of `NamedSharding`s (the `out_shardings` of `serving_params`) that
+    cuts them as the canonical arrays are cut. The fused qkv rows are split only when the query and the kv heads
+    are split alike (else they stay whole on every device: GQA groups must not straddle devices), gate|up only when
+    the MLP is; the output projection is cut as the qkv rows are, so that attention is either wholly
+    tensor-parallel or wholly replicated. Unplaced `params`: ((1, 1), None)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    b = params["blocks"]
+    if not isinstance(getattr(b["wq"], "sharding", None), NamedSharding):
+        return (1, 1), None
+    mesh = b["wq"].sharding.mesh
+
+    def entry(x, dim):  # the mesh axes that cut dimension `dim` of x
+        spec = tuple(x.sharding.spec) + (None,) * x.ndim
+        return spec[dim]
+
+    def size(e) -> int:
+        return int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)])) if e is not None else 1
+
+    heads, kv, mlp = entry(b["wq"], 2), entry(b["wk"], 2), entry(b["w_gate"], 2)  # [L, D, N|K|F, ...]
+    qkv = heads if heads == kv else None
+    groups = (size(qkv), size(mlp))
+    ns = lambda *spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+    layer = {"attn_norm": ns(), "mlp_norm": ns(), "qkv": ns(qkv, None), "o": ns(None, qkv),
+             "gate_up": ns(mlp, None), "down": ns(None, entry(b["w_down"], 1))}
+    if cfg.qkv_bias:
+        layer["bqkv"] = ns(qkv)
+    lm_head = params.get("lm_head")
+    return groups, LM(embed=params["embed"].sharding, final_norm=ns(),
+                      lm_head=None if lm_head is None else lm_head.sharding, layers=(layer,) * cfg.n_layers,
+                      cfg=cfg, groups=groups)

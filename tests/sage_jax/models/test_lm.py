@@ -94,3 +94,47 @@ def test_forward_without_write_sees_the_same_and_returns_the_rows_it_would_write
             np.testing.assert_array_equal(c_done[i, s: s + 2], r[i, np.asarray(path[i])])
             np.testing.assert_array_equal(c_done[i, :s], c_old[i, :s])
             np.testing.assert_array_equal(c_done[i, s + 2:], c_old[i, s + 2:])
+
+
+@pytest.mark.parametrize("heads,kv_heads,model_axis,groups", [(8, 4, 4, (4, 4)), (8, 2, 4, (1, 4)),
+                                                               (6, 2, 4, (1, 4))])
+def test_placed_model_serves_tensor_parallel_with_two_all_reduces_a_layer(devices, rel_err, heads, kv_heads,
+                                                                          model_axis, groups):
+    """On a mesh, `Decoder.serving` lays the fused qkv / gate|up rows out in one group per `model` shard
+    (`lm.Groups`): every device then holds whole heads and matching gate / up rows, and a layer's forward
+    communicates only through its two all-reduces (after the output projection and after the MLP). Where the kv
+    heads are not cut like the query heads (2 kv heads on 4 shards) or the query heads are not cut at all (6 on 4),
+    the fused qkv stays whole on every device. Either way the output is the unplaced model's."""
+    import re
+
+    from flax import nnx
+
+    from sage_jax.models import layers
+    from sage_jax.models.config import LMConfig
+    from sage_jax.models.decoder import Decoder
+
+    cfg = LMConfig.tiny(n_layers=2, n_heads=heads, n_kv_heads=kv_heads, head_dim=8, d_model=32, mlp_dim=64,
+                        vocab_size=96, qkv_bias=True)
+    model = Decoder(cfg, rngs=nnx.Rngs(3))
+    b, t = 2, 5
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (b, t)), jnp.int32)
+
+    def run(serve, tokens):
+        pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        hidden, _ = serve.forward(tokens, pos, layers.causal_mask(t, jnp.zeros((b,), jnp.int32)))
+        return hidden
+
+    ref = jax.jit(run)(model.serving(), tokens)
+    mesh = sharding.make_mesh(data=8 // model_axis, model=model_axis, devices=devices)
+    with sharding.use(mesh, "inference"):
+        placed = sharding.init_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(3)))
+        serve = placed.serving()
+        assert serve.groups == groups
+        compiled = jax.jit(run).lower(serve, tokens).compile()
+        out = compiled(serve, tokens)
+    assert rel_err(out, ref) < 1e-5
+    hlo = compiled.as_text()
+    count = lambda op: len(re.findall(rf"= \S+ {op}(-start)?\(", hlo))  # noqa: E731
+    if groups[0] > 1:  # only the vocab-cut embedding lookup adds an all-reduce of its own
+        assert count("all-reduce") == 2 * cfg.n_layers + 1, count("all-reduce")
+    assert count("collective-permute") == count("all-to-all") == 0
