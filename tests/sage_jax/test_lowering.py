@@ -1,0 +1,93 @@
+"""The paper's pairs lowered for TPU from this CPU (`sage_jax.lowering`): the speculative prefill and decode loop of
+Qwen2.5-VL-72B + 7B and LLaVA-OneVision-72B + 7B export for 4x4 and 8x8-chip meshes, with every weight and cache cut
+as serving needs, and the bytes each chip holds in the exported programs are the bytes the sharding rules give."""
+
+import math
+import os
+import re
+
+import pytest
+
+from configs.sage import paper_targets
+from sage_jax import lowering
+
+PAIRS = ("qwen2.5-vl-72b+7b", "llava-ov-72b+7b")
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    """{(preset, mesh name): Lowered}, two real-sized layers a model."""
+    return {(name, mesh): lowering.lower(paper_targets.presets()[name], *shape, layers=2)
+            for name in PAIRS for mesh, shape in lowering.MESHES.items()}
+
+
+def _lm_bytes(model: paper_targets.Model, tp: int) -> float:
+    """Per-chip bytes of a model's language model under the inference rules, from its canonical parameters
+    (`paper_targets`), an independent account of what the exported serving weights must come to."""
+    return sum(math.prod(s) * b / n for name, s, b, n in paper_targets._param_shards(model, tp)
+               if name.startswith("lm/"))
+
+
+@pytest.mark.parametrize("name", PAIRS)
+@pytest.mark.parametrize("mesh", list(lowering.MESHES))
+def test_the_pair_lowers_for_a_tpu_mesh_cut_as_serving_needs(lowered, name, mesh):
+    data, model = lowering.MESHES[mesh]
+    r = lowered[(name, mesh)]
+    for exp in (r.prefill, r.decode):
+        assert exp.platforms == ("tpu",) and exp.nr_devices == data * model
+    text = r.decode.mlir_module()
+
+    def spec(path):  # the Shardy sharding of the decode loop's input at `path`
+        return re.search(rf'sharding<@mesh, \[([^\]]*)\]>[^%]*loc\("{re.escape(path)}"\)', text)[1]
+
+    # The target's attention and MLP are tensor-parallel: fused rows cut over the model axis ...
+    for w in ("qkv", "gate_up"):
+        assert spec(f"lm_t.layers[0]['{w}']") == '{"model"}, {}'
+    for w in ("o", "down"):
+        assert spec(f"lm_t.layers[0]['{w}']") == '{}, {"model"}'
+    # ... and its cache rows over the data replicas, its 8 kv heads one a chip.
+    assert spec("state.t_cache.k[0]") == '{"data", "fsdp"}, {}, {"model"}, {}'
+    # The 7B draft's 28 query heads do not split 8 ways: its attention stays whole on every chip, its MLP is cut.
+    assert spec("lm_d.layers[0]['qkv']") == "{}, {}" and spec("lm_d.layers[0]['gate_up']") == '{"model"}, {}'
+    assert spec("state.d_cache.k[0]") == '{"data", "fsdp"}, {}, {}, {}'
+    # The prefill hands the loop its state as the loop takes it (no resharding between the two programs).
+    pre = lowering.per_chip_inputs(r.prefill)
+    assert lowering.per_chip_inputs(r.decode).keys() >= {k for k in pre if k.startswith("lm_")}
+    out = re.search(r"func\.func public @main\(.*?\) -> \((.*?)\) \{", r.prefill.mlir_module(), re.S)[1]
+    assert out.count('{"data", "fsdp"}, {}, {"model"}, {}') == 4  # the target cache's k, v of two layers
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_bytes_per_chip_are_the_rules_bytes_and_fit_the_chip(lowered, name):
+    preset = paper_targets.presets()[name]
+    for mesh in lowering.MESHES:
+        b = lowered[(name, mesh)].bytes_per_chip
+        # Scaled from two exported layers to the full depth, the serving weights each chip holds are exactly the
+        # canonical weights' shards under the inference rules: fusing lost no cut and replicated nothing more.
+        assert b["target_weights"] == pytest.approx(_lm_bytes(preset.target, 8), rel=1e-9)
+        assert b["draft_weights"] == pytest.approx(_lm_bytes(preset.draft, 8), rel=1e-9)
+        t = preset.target.build_config()[1].text
+        run_capacity = b["target_kv"] / (2 * t.n_layers * (t.n_kv_heads // 8) * t.head_dim * 2)
+        assert run_capacity >= lowering.Shape().prompt_len + lowering.Shape().max_new_tokens  # one row a replica
+        assert sum(b.values()) < 0.8 * paper_targets.HBM_GIB["v6e"] * 2**30
+
+
+def test_the_readme_shows_the_exported_table(lowered):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    assert lowering.report(list(lowered.values())) in readme  # regenerate: python -m sage_jax.lowering
+
+
+def test_cli_reports_bad_meshes_in_one_line(capsys):
+    assert lowering.main(["--mesh", "8by8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --mesh") and "\n" not in err
+    assert lowering.main(["--layers", "-1"]) == 2
+
+
+@pytest.mark.slow
+def test_full_depth_export_holds_the_scaled_bytes(lowered):
+    """The whole 80-layer target and 28-layer draft (about a minute of lowering): what the default suite scales from
+    two layers is what the full programs hold."""
+    full = lowering.lower(paper_targets.presets()["qwen2.5-vl-72b+7b"], 2, 8, layers=0)
+    scaled = lowered[("qwen2.5-vl-72b+7b", "4x4")].bytes_per_chip
+    assert full.bytes_per_chip == pytest.approx(scaled, rel=1e-9)
