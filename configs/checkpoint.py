@@ -103,20 +103,33 @@ def save(
     """Writes `params` (a pure nested dict of arrays, possibly sharded) and `metadata.json` to `path`.
 
     Refuses to replace an existing checkpoint unless `overwrite=True`. Returns the absolute path.
+
+    In a multi-host run every process calls `save` with the same `path`, which must be one folder all hosts see (a
+    shared file system): Orbax writes each array's shards from the hosts holding them, an array held whole by every
+    process (a numpy or single-host array, the same on every host) once, and process 0 writes `metadata.json`.
     """
     import orbax.checkpoint as ocp
+
+    from configs import sharding
 
     path = os.path.abspath(os.fspath(path))
     flat = _flatten(params)
     _refuse_existing(path, overwrite)
+    if jax.process_count() > 1:
+        # Orbax refuses host-local jax arrays in a multi-host save: such a value is written by process 0 as numpy.
+        params = jax.tree.map(lambda v: np.asarray(v) if isinstance(v, jax.Array) and v.is_fully_addressable else v,
+                              dict(params))
+        sharding.barrier(f"checkpoint {path}: checked")  # no host writes before every host has looked
     os.makedirs(path, exist_ok=True)
     shapes = {k: [list(np.shape(v)), str(getattr(v, "dtype", np.asarray(v).dtype))] for k, v in flat.items()}
     meta = _metadata(kind, config, provenance, shapes)
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(path, PARAMS_DIR), dict(params), force=overwrite)
     ckptr.wait_until_finished()
-    with open(os.path.join(path, METADATA_FILE), "w") as f:
-        json.dump(meta, f, indent=1)
+    if sharding.is_primary():
+        with open(os.path.join(path, METADATA_FILE), "w") as f:
+            json.dump(meta, f, indent=1)
+    sharding.barrier(f"checkpoint {path}: written")  # no host reads it back before the metadata is there
     return path
 
 
@@ -274,7 +287,8 @@ def restore(path: str | os.PathLike, abstract: Mapping[str, Any] | None = None) 
 
     `abstract`: a nested dict of `jax.ShapeDtypeStruct` (with `.sharding` to restore straight onto a mesh,
     e.g. from `configs.sharding.state_shardings`); it is checked against the checkpoint first. Without it,
-    arrays come back replicated on the default device with their stored dtypes.
+    arrays come back on this process's first device with their stored dtypes (every process of a multi-host run
+    then holds the whole of each).
     """
     import orbax.checkpoint as ocp
 
@@ -284,7 +298,7 @@ def restore(path: str | os.PathLike, abstract: Mapping[str, Any] | None = None) 
     if abstract is None:
         md = ckptr.metadata(os.path.join(path, PARAMS_DIR))
         md = getattr(getattr(md, "item_metadata", md), "tree", md)
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # jax.devices()[0] is process 0's
         abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md)
     check_fits(meta, abstract)
     return ckptr.restore(os.path.join(path, PARAMS_DIR), dict(abstract))

@@ -71,6 +71,26 @@ def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
         return EXIT_BAD_INPUT
 
 
+def mesh_axes(text: str) -> dict[str, int]:
+    """The argument type of ``--mesh AXIS=SIZE,...`` (`configs.sharding.parse_mesh`): a bad value is the parser's
+    one-line error."""
+    from configs import sharding
+
+    try:
+        return sharding.parse_mesh(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(first_line(e)) from None
+
+
+def make_mesh(axes: dict[str, int]):
+    """The mesh of a ``--mesh`` value over every device (of every host, after
+    `configs.sharding.initialize_distributed`); sizes the devices do not fit are `BadInput`."""
+    from configs import sharding
+
+    with reported(ValueError):
+        return sharding.make_mesh(**axes)
+
+
 def use_compilation_cache(directory: str) -> None:
     """Keeps XLA executables in `directory` so that repeated runs skip compilation (unless the user or
     ``JAX_COMPILATION_CACHE_DIR`` already chose a folder)."""

@@ -13,6 +13,10 @@ Typical use::
 
 Parameters carry their logical names as NNX metadata: ``nnx.Param(value, axes=("embed", "mlp"))``.
 
+Multi-host jobs (a TPU pod slice, or several processes on CPU): every process calls `initialize_distributed()` first,
+then builds the same mesh over every host's devices and runs the same program; the last section's helpers (`place`,
+`to_host`, `from_primary`, `process_rows`, `barrier`) keep what the hosts do outside compiled code alike.
+
 We build meshes with ``AxisType.Auto`` on purpose (``jax.make_mesh`` now defaults to ``Explicit``): our model code
 places constraints with ``with_sharding_constraint`` and lets GSPMD propagate; under ``Explicit`` axes every
 matmul whose contracting dimension is sharded on both sides (exactly what FSDP does) would need an explicit
@@ -119,17 +123,55 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, *, devices: Sequenc
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
+def parse_mesh(text: str) -> dict[str, int]:
+    """A mesh as a user writes it, ``"data=1,model=8"`` -> the `make_mesh` sizes ``{"data": 1, "model": 8}``.
+
+    Axes are `MESH_AXES` names, each at most once; a size is a positive integer or -1 (the devices left over, as in
+    `make_mesh`); axes not named keep `make_mesh`'s defaults. ValueError (one line) otherwise; whether the sizes fit
+    the devices present is `make_mesh`'s check."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or not name:
+            raise ValueError(f"a mesh is AXIS=SIZE[,AXIS=SIZE...] over {', '.join(MESH_AXES)}, got {text!r}")
+        if name not in MESH_AXES:
+            raise ValueError(f"unknown mesh axis {name!r} in {text!r}; the axes are {', '.join(MESH_AXES)}")
+        if name in sizes:
+            raise ValueError(f"mesh axis {name!r} given twice in {text!r}")
+        try:
+            size = int(value)
+        except ValueError:
+            size = 0
+        if size < 1 and size != -1:
+            raise ValueError(f"mesh axis {name}: the size must be a positive integer or -1, got {value!r}")
+        sizes[name] = size
+    if list(sizes.values()).count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {text!r}")
+    return sizes
+
+
 def initialize_distributed() -> bool:
-    """Calls `jax.distributed.initialize()` when the environment describes a multi-host job; True if it did.
+    """Calls `jax.distributed.initialize()` (once per process) when the environment describes a multi-host job;
+    True in such a job.
 
     Cloud TPU pods are detected by `TPU_WORKER_HOSTNAMES` listing several hosts (JAX then finds the coordinator
-    itself); other clusters by `JAX_COORDINATOR_ADDRESS` (+ `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`), which
-    `jax.distributed.initialize` reads. Call it first thing in an entry point, before any other JAX call.
+    itself); other clusters by `JAX_COORDINATOR_ADDRESS` (host:port of process 0) with `JAX_NUM_PROCESSES` and
+    `JAX_PROCESS_ID` (JAX reads the address itself, not these two: they are passed on here). Call it first thing
+    in an entry point, before any other JAX call; then every process runs the same program (`multi-host` below).
     """
     multi_tpu = len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
     if not (multi_tpu or os.environ.get("JAX_COORDINATOR_ADDRESS")):
         return False
-    jax.distributed.initialize()
+    if jax.distributed.is_initialized():  # a second entry point in the same process
+        return True
+    kw = {}
+    for arg, var in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
+        if os.environ.get(var):
+            try:
+                kw[arg] = int(os.environ[var])
+            except ValueError:
+                raise ValueError(f"{var} must be an integer, got {os.environ[var]!r}") from None
+    jax.distributed.initialize(**kw)
     return True
 
 
@@ -302,3 +344,79 @@ def init_sharded(factory: Callable[[], object], mesh: Mesh | None = None, rules:
     shardings = state_shardings(abstract_state, mesh, rules)
     state = jax.jit(lambda: nnx.split(factory())[1], out_shardings=shardings)()
     return nnx.merge(graphdef, state)
+
+
+def mesh_of(tree) -> Mesh | None:
+    """The mesh the arrays of `tree` (parameters, a module's state) are placed on: that of the first leaf with a
+    `NamedSharding` over a concrete mesh, or None when nothing is on a mesh."""
+    for leaf in jax.tree.leaves(tree):
+        s = getattr(leaf, "sharding", None)
+        if isinstance(s, NamedSharding) and isinstance(s.mesh, Mesh):
+            return s.mesh
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Multi-host. Every process runs the same program (multi-controller JAX): the same jitted calls in the same order,
+# with the same host values (numpy inputs are taken as replicated, so they must agree). These helpers keep the
+# host-side parts alike; with one process each is its plain single-host counterpart.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def is_primary() -> bool:
+    """Whether this is process 0: the one that prints and writes files meant once per job."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Returns once every process has called `barrier(name)` (at once with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def place(value, where: jax.sharding.Sharding) -> jax.Array:
+    """`jax.device_put(value, where)` for a value every host holds alike (numpy, or an array on this host's devices):
+    on a mesh over several hosts each host fills only its own devices' slices, with no traffic between hosts
+    (`device_put` would send every host's copy to every other, to check that they agree)."""
+    if jax.process_count() == 1 or where.is_fully_addressable:
+        return jax.device_put(value, where)
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, where, lambda index: value[index])
+
+
+def to_host(x) -> np.ndarray:
+    """The whole value of `x` as numpy. An array spread over several hosts' devices is gathered from them, which is a
+    collective: every process must call it for the same arrays in the same order."""
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def from_primary(value):
+    """Process 0's `value` (anything `json` writes) on every process, for host-side choices that must agree (a cost
+    measured on each host, a file only one host may have). A collective; `value` itself with one process."""
+    if jax.process_count() == 1:
+        return value
+    import json
+
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8) if is_primary() else np.zeros(0, np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(data.size)))
+    buf = np.zeros(size, np.uint8)
+    buf[: data.size] = data
+    return json.loads(np.asarray(multihost_utils.broadcast_one_to_all(buf)).tobytes().decode())
+
+
+def process_rows(where: NamedSharding, shape: Sequence[int]) -> np.ndarray:
+    """Indices along axis 0 of a global array of `shape` placed by `where` that this process's devices hold, in
+    order: the rows its part must have for `jax.make_array_from_process_local_data(where, part, shape)` (a
+    data-parallel batch is loaded that way, each host reading only its rows). Every row with one process."""
+    rows: set[int] = set()
+    for index in where.addressable_devices_indices_map(tuple(shape)).values():
+        rows.update(range(*index[0].indices(shape[0])))
+    return np.asarray(sorted(rows), np.int64)

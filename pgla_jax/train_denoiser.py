@@ -3,7 +3,12 @@ model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/
 checkpoint WORKDIR/denoiser/ and the DnCNN baseline WORKDIR/dncnn/; then
 `python -m pgla_jax.attack --denoiser WORKDIR/denoiser`.
 
-Bad input (unknown config, an unusable --steps or --workdir, a state written by another config) → one line
+Data-parallel over every device present (`--mesh data=-1`, the default: each batch is cut over the mesh's `data`
+axis), on one host or on every host of a multi-host job: run the same command on each host, with WORKDIR one
+folder they all see; `configs.sharding.initialize_distributed` joins them first (TPU pods; elsewhere
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID), and only process 0 prints.
+
+Bad input (unknown config, an unusable --steps, --mesh or --workdir, a state written by another config) → one line
 ``error: ...`` on stderr and exit code 2 (`configs.cli`).
 """
 
@@ -34,6 +39,9 @@ def parse(argv):
     p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
     p.add_argument("--extend", action="store_true",
                    help="go on from WORKDIR's saved state to more --steps (a warm restart of the schedule)")
+    p.add_argument("--mesh", type=cli.mesh_axes, default={"data": -1}, metavar="AXIS=SIZE,...",
+                   help="the device mesh (axes data, fsdp, model; -1 = the devices left over), default data=-1: "
+                        "data-parallel over every device of every host")
     return p.parse_args(argv)
 
 
@@ -79,31 +87,37 @@ def _main(argv) -> int:
     # Heavy imports after the argument checks, so bad input fails fast.
     from tqdm import tqdm
 
+    from configs import sharding
     from pgla_jax.denoise import dncnn, gradients, train
 
+    sharding.initialize_distributed()  # a multi-host job: before anything touches a device
+    mesh = cli.make_mesh(args.mesh)
+    quiet = not sharding.is_primary()  # one host reports
     t0 = time.time()
     with cli.reported(ValueError):  # DataError and CheckpointError are ValueErrors
-        with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr) as bar:
+        with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr, disable=quiet) as bar:
             gradients.build(cfg.gradients, data_dir, progress=bar.update)
         stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
         start = min(train.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
-        with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr) as bar:
+        with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr, disable=quiet) as bar:
 
             def progress(loss):
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}")
 
-            out = train.train(cfg, data_dir, args.workdir, progress=progress, max_steps=args.max_steps,
+            out = train.train(cfg, data_dir, args.workdir, progress=progress, mesh=mesh, max_steps=args.max_steps,
                               extend=args.extend)
-        if cfg.dncnn_steps and not os.path.isdir(os.path.join(args.workdir, "dncnn")):
-            with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr) as bar:
+        # Process 0 decides: every host must run the baseline's steps (and its checkpoint save) or none.
+        if cfg.dncnn_steps and not sharding.from_primary(os.path.isdir(os.path.join(args.workdir, "dncnn"))):
+            with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr, disable=quiet) as bar:
 
                 def progress_dncnn(loss):
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}")
 
                 dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn)
-    print(f"denoiser checkpoint: {out} ({time.time() - t0:.0f} s)")
+    if not quiet:
+        print(f"denoiser checkpoint: {out} ({time.time() - t0:.0f} s)")
     return 0
 
 

@@ -4,10 +4,15 @@ Everything that runs per token happens inside two compiled calls (prefill, then 
 only pads prompts with numpy, keeps the compiled executables, and times them. Compilations are counted here:
 one prefill and one decode loop per (policy, sampling, batch, prompt bucket, new-token bucket).
 `load_engine` builds an `Engine` from paths, with the shipped defaults.
+
+A target placed on a mesh (`load_engine(..., mesh=...)`) is decoded there: the loops are traced under the inference
+rules of `configs.sharding` on that mesh, and their results are read back with `sharding.to_host`, so the same
+`generate` call runs on every process of a multi-host job (each host holding its shards).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -18,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from configs import sharding
 from sage_jax import chat
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
@@ -182,6 +188,7 @@ class Engine:
             self._lm_d = self._lm_d.with_attention(attention)
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
+        self.mesh = sharding.mesh_of(self._lm_t)  # where the target's parameters are placed (None: one device)
         self.acceptance_prior = dict(acceptance_prior or {})
         self.description = description or (
             f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
@@ -194,6 +201,11 @@ class Engine:
     def target_lm(self):
         """The target in serving form (`sage_jax.models.lm.LM`): what the compiled loops run."""
         return self._lm_t
+
+    def _placed(self):
+        """The inference rules on the target's mesh (nothing without one): where the loops are traced, so that the
+        model code's sharding constraints (`configs.sharding.shard`, `map_shards`) resolve on that mesh."""
+        return sharding.use(self.mesh, "inference") if self.mesh is not None else contextlib.nullcontext()
 
     @property
     def compiles(self) -> int:
@@ -241,8 +253,9 @@ class Engine:
             d_sizes = widths.sizes(pol.frontier, 1, cfg.bucket_ratio)
             desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
             pkey = budget_lib.profile_key(self.cfg, desc, cfg.capacity, v_sizes, d_sizes)
-            prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
-                self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
+            with self._placed():  # timed as the loops run, on the target's mesh
+                prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
+                    self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
             ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier)
             prior = self.acceptance_prior.get(pol.name)
             if prior and (prior["n_max"], prior["d_cap"]) == (pol.n_max, pol.d_cap):
@@ -428,13 +441,17 @@ class Engine:
     def _run(self, key: tuple, prefill: Callable, decode: Callable, models: tuple, args: tuple, temps: np.ndarray
              ) -> tuple[Any, tuple[float, float, float]]:
         """Compiles `prefill(*models, *args)` and `decode(*models, state, temps)` once per `key`, then runs both.
-        Returns the final loop state and (prefill, decode, compile) seconds of this call."""
+        Returns the final loop state (its fields read as numpy, `_OnHost`) and (prefill, decode, compile) seconds
+        of this call."""
         compile_s = 0.0
         if key not in self._compiled:
             t0 = time.perf_counter()
-            pre = jax.jit(prefill).lower(*models, *args).compile()
-            state = jax.eval_shape(prefill, *models, *args)
-            dec = jax.jit(decode, donate_argnums=len(models)).lower(*models, state, temps).compile()
+            with self._placed():
+                pre = jax.jit(prefill).lower(*models, *args).compile()
+                # The decode loop is compiled for the state as the prefill places it (on a mesh, its own choice).
+                state = jax.tree.map(lambda a, where: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where),
+                                     jax.eval_shape(prefill, *models, *args), pre.output_shardings)
+                dec = jax.jit(decode, donate_argnums=len(models)).lower(*models, state, temps).compile()
             self._compiled[key] = (pre, dec)
             compile_s = time.perf_counter() - t0
             self.compile_seconds += compile_s
@@ -443,7 +460,7 @@ class Engine:
         state = jax.block_until_ready(pre(*models, *args))
         t1 = time.perf_counter()
         state = jax.block_until_ready(dec(*models, state, temps))
-        return state, (t1 - t0, time.perf_counter() - t1, compile_s)
+        return _OnHost(state), (t1 - t0, time.perf_counter() - t1, compile_s)
 
     def _result(self, state, name: str, times: tuple[float, float, float], *, draft_forwards: int) -> Generation:
         t_pre, t_dec, t_compile = times
@@ -472,6 +489,19 @@ class Engine:
         if self.tokenizer is not None:
             text = [chat.decode(self.tokenizer, t, self.cfg.eos_token_ids) for t in ids]
         return Generation(token_ids=ids, policy=name, stats=stats, text=text)
+
+
+class _OnHost:
+    """A final loop state whose fields read as numpy (`sharding.to_host`: on a multi-host mesh, gathered from every
+    host, so each process reads the same fields in the same order)."""
+
+    def __init__(self, state):
+        self._state, self._read = state, {}
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name not in self._read:
+            self._read[name] = sharding.to_host(getattr(self._state, name))
+        return self._read[name]
 
 
 def _flops(compiled) -> float:
@@ -532,6 +562,10 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     elif store.kind_of(draft) == store.HEAD_KIND:
         serving = lm_t.serving()
         cfg, params, vocab_ids, meta = store.load_head(draft, dtype=serving.cfg.dtype)
+        where = sharding.mesh_of(serving)
+        if where is not None:  # a one-layer head: replicated on every device of the target's mesh
+            repl = jax.sharding.NamedSharding(where, jax.sharding.PartitionSpec())
+            params, vocab_ids = jax.tree.map(lambda x: sharding.place(x, repl), (params, vocab_ids))
         d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head,
                                taps=store.head_taps(meta))
         desc = (f"EAGLE head {os.fspath(draft)}" if not shipped else "shipped EAGLE head (smollm2_eagle)"

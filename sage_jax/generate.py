@@ -4,7 +4,7 @@
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
         [--policy {ar,chain,static,eagle2,sage}] [--retrieval L]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-        [--seed S] [--attention {xla,pallas}] [--compare] [--json]
+        [--seed S] [--attention {xla,pallas}] [--mesh AXIS=SIZE,...] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`); other targets default
@@ -26,6 +26,11 @@ here, offline, on Fashion-MNIST, handwritten digits and a few photos (`python -m
 understanding is home-trained and narrow: it names clothes of the ten Fashion-MNIST kinds and digits, and little
 else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped head
 fine-tuned on its answers.
+
+`--mesh data=1,model=8` places target and draft on a device mesh by the inference rules of `configs/sharding.py`
+(here 8-way tensor parallel) and decodes there; in a multi-host job (a TPU pod slice) the same command runs on every
+host, `configs.sharding.initialize_distributed` joins them first, the mesh spans every host's devices, and only
+process 0 prints.
 
 `--attention pallas` runs the decoding loop's cache-reading forwards (verify, draft levels, catch-up) through the
 Pallas tree-attention kernel (`pallas_kernels/tree_attention`: Mosaic on TPU, Triton on GPU; interpreted on CPU,
@@ -78,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--seed", type=int, metavar="S", default=0)
     arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
+    arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
+        "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
+        "one device")
     arg("--compare", action="store_true", help="also decode with plain AR and report the speedup")
     arg("--json", action="store_true", help="print one JSON object on stdout")
     return ap.parse_args(argv)
@@ -152,10 +160,11 @@ def run(args: argparse.Namespace) -> dict:
     if not vision and (args.images or args.videos):
         raise cli.BadInput(f"--image / --video need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
                            f"{args.target or 'the default target'} is a text LM")
+    mesh = cli.make_mesh(args.mesh) if args.mesh else None
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
-                             prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention)
+                             prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention, mesh=mesh)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         if vision:  # the processor outputs: a video on an image-only model or an image it refuses fails here
@@ -176,25 +185,32 @@ def run(args: argparse.Namespace) -> dict:
                                  f"({pol.n_max} nodes, depth {pol.d_cap})")
     name = ("SmolLM2-135M-Instruct with the shipped home-trained vision tower" if getattr(args, "default_vlm", None)
             else args.target or "SmolLM2-135M-Instruct (shipped)")
-    print(f"target {name}, draft {engine.description}"
-          f"{', Pallas tree attention' if args.attention == 'pallas' else ''}", file=sys.stderr)
+    _note(f"target {name}, draft {engine.description}{', Pallas tree attention' if args.attention == 'pallas' else ''}"
+          f"{f', on the mesh {dict(mesh.shape)}' if mesh is not None else ''}")
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     of = f", {visual} of them visual" if visual else ""
-    print(f"generating with policy {args.policy} ({len(ids)} prompt tokens{of}; the first run compiles"
-          f"{', and measures this device for --budget auto' if args.budget == 'auto' else ''})", file=sys.stderr)
+    _note(f"generating with policy {args.policy} ({len(ids)} prompt tokens{of}; the first run compiles"
+          f"{', and measures this device for --budget auto' if args.budget == 'auto' else ''})")
     gen = engine.generate([prompt], policy=policy, budget=args.budget, **kw)
     if gen.stats.budget == (0, 0):
-        print(f"--budget auto: no {args.policy} tree is predicted to pay on this device; decoded plainly",
-              file=sys.stderr)
+        _note(f"--budget auto: no {args.policy} tree is predicted to pay on this device; decoded plainly")
     out = {"text": gen.text[0], "token_ids": gen.token_ids[0], "policy": gen.policy, "stats": gen.stats.to_json()}
     if args.compare:
-        print("generating with policy ar for --compare", file=sys.stderr)
+        _note("generating with policy ar for --compare")
         base = engine.generate([prompt], policy="ar", **kw)
         b_tps, tps = base.stats.tokens_per_second, gen.stats.tokens_per_second
         out["compare"] = {"policy": "ar", "token_ids": base.token_ids[0], "tokens_per_second": b_tps,
                           "speedup": tps / b_tps if b_tps > 0 else None,
                           "identical": base.token_ids[0] == gen.token_ids[0], "stats": base.stats.to_json()}
     return out
+
+
+def _note(message: str) -> None:
+    """A progress line on stderr, from one process of a multi-host job."""
+    from configs import sharding
+
+    if sharding.is_primary():
+        print(message, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -230,11 +246,14 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)  # before the redirect: --help goes to stdout
     with _stdout_to_stderr() as stdout:
         check_args(args)
+        from configs import sharding
         from sage_jax.io.loader import cache_dir
 
+        sharding.initialize_distributed()  # a multi-host job: before anything touches a device
         cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))  # repeated runs skip XLA compilation
         out = run(args)
-        stdout.write(json.dumps(out) + "\n" if args.json else report(out))
+        if sharding.is_primary():  # every host has the same result; one prints it
+            stdout.write(json.dumps(out) + "\n" if args.json else report(out))
     return 0
 
 

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import sharding
 from pgla_jax import data, fl
 from pgla_jax.config import GradientDataConfig
 from pgla_jax.models import split_victim
@@ -32,8 +33,18 @@ def _flat(tree) -> jax.Array:
 def build(cfg: GradientDataConfig, out_dir: str, progress=None) -> str:
     """Writes `cfg.steps × cfg.per_step` gradients to `out_dir/gradients.array_record`; returns the path.
 
-    Skips the work when the folder already holds a data set built from the same config.
+    Skips the work when the folder already holds a data set built from the same config. In a multi-host run process
+    0 builds first; the others then find its data set (a folder all hosts see) or build their own copy.
     """
+    if not sharding.is_primary():
+        sharding.barrier(f"gradients {out_dir}")
+    path = _build(cfg, out_dir, progress)
+    if sharding.is_primary():
+        sharding.barrier(f"gradients {out_dir}")
+    return path
+
+
+def _build(cfg: GradientDataConfig, out_dir: str, progress) -> str:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     os.makedirs(out_dir, exist_ok=True)

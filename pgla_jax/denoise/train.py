@@ -4,6 +4,10 @@ One jitted step (data-parallel: the batch is sharded over the mesh's `batch` axe
 Adam with warm-up + cosine decay and gradient clipping, an EMA of the weights (what is saved as the denoiser), and a
 resumable training state written every `checkpoint_every` steps. Every random draw of step s comes from
 `fold_in(key(seed), s)` and batch s from a seeded per-epoch permutation, so a resumed run is the same run.
+
+Multi-host (`configs.sharding.initialize_distributed`, then `train` on every process with a mesh over every host's
+devices): each host loads only its rows of a batch, and `workdir` must be one folder all hosts see (the checkpoints
+are written by every host together, `configs.checkpoint.save`).
 """
 
 from __future__ import annotations
@@ -114,12 +118,15 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
     with sharding.use(mesh, "train"):
         repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        params, opt_state, ema = jax.device_put((params, opt_state, ema), repl)
+        params, opt_state, ema = jax.tree.map(lambda x: sharding.place(x, repl), (params, opt_state, ema))
         stop = cfg.steps if max_steps is None else min(cfg.steps, max_steps)
+        x_shape = (cfg.batch_size, *codec.shape)
+        x_where = sharding.named_sharding(("batch",) + (None,) * len(codec.shape), x_shape)
+        rows = sharding.process_rows(x_where, x_shape)  # each host reads and encodes only its rows of a batch
         for step in range(step0, stop):
-            idx = gradients.batch_indices(step, cfg.batch_size, n, cfg.seed)
-            x0 = encode(jnp.asarray(np.stack([src[int(i)] for i in idx])))
-            x0 = jax.device_put(x0, sharding.named_sharding(("batch",) + (None,) * (x0.ndim - 1), x0.shape))
+            idx = gradients.batch_indices(step, cfg.batch_size, n, cfg.seed)[rows]
+            x0 = np.asarray(encode(jnp.asarray(np.stack([src[int(i)] for i in idx]))))  # this host's rows
+            x0 = jax.make_array_from_process_local_data(x_where, x0, x_shape)
             params, opt_state, ema, loss = step_fn(params, opt_state, ema, x0, step)
             progress and progress(float(loss))
             if log and (step % 50 == 0 or step == cfg.steps - 1):

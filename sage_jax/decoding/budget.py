@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import sharding
 from sage_jax.decoding.drafters import build_drafter
 from sage_jax.models.visibility import Visibility
 
@@ -123,12 +124,19 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
 
 def cached_profile(key: str, measure, directory: str) -> CostProfile:
     """The profile stored under `key` (device, models and widths) in `directory`, measured by `measure()` on
-    first use."""
+    first use.
+
+    In a multi-host run every process uses process 0's profile (its stored one, or else the one it measures while
+    every process measures alongside): budgets chosen from it then agree, and so do the programs the hosts run."""
     path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    stored = None
     if os.path.isfile(path):
         with open(path) as f:
-            return CostProfile(**json.load(f)["profile"])
-    prof = measure()
+            stored = json.load(f)["profile"]
+    stored = sharding.from_primary(stored)
+    if stored is not None:
+        return CostProfile(**stored)
+    prof = CostProfile(**sharding.from_primary(measure().to_json()))
     try:
         os.makedirs(directory, exist_ok=True)
         tmp = path + f".tmp{os.getpid()}"

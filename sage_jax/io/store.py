@@ -101,7 +101,7 @@ def build(cfg: LMConfig, params: Mapping[str, Any], mesh: jax.sharding.Mesh | No
         arrays = jax.tree.map(lambda a: jnp.asarray(a, dt), dict(params))
     else:
         shardings = nnx.to_pure_dict(sharding.state_shardings(state, mesh))
-        arrays = jax.tree.map(lambda a, s: jax.device_put(jnp.asarray(a, dt), s), dict(params), shardings)
+        arrays = jax.tree.map(lambda a, s: sharding.place(jnp.asarray(a, dt), s), dict(params), shardings)
     nnx.replace_by_pure_dict(state, arrays)
     return nnx.merge(graphdef, state)
 
@@ -122,7 +122,7 @@ def restore_module(path: str | os.PathLike, graphdef, state, mesh: jax.sharding.
     onto its shard of `mesh` (or the default device) in the state's dtype (Orbax casts on restore)."""
     abstract = nnx.to_pure_dict(state)
     if mesh is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
     else:
         shardings = nnx.to_pure_dict(sharding.state_shardings(state, mesh))

@@ -107,7 +107,7 @@ def streamed_leaves(arch: Architecture, cfg, src: str | os.PathLike, shardings: 
     A per-layer parameter is assembled on the device(s): its buffer is allocated there (sharded by
     `shardings[path]` when given) and each layer's tensor is read, transformed and written into it before the
     next is read, so on an accelerator host memory holds one stored tensor and its transform at a time."""
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     for path, shape, dtype, layers in _parameters(arch, cfg, src):
         where = (shardings or {}).get(path, default)
         layer_where = where
@@ -116,10 +116,10 @@ def streamed_leaves(arch: Architecture, cfg, src: str | os.PathLike, shardings: 
         placed = None
         for i, w in layers:
             if i is None:
-                placed = jax.device_put(np.asarray(w, dtype), where)
+                placed = sharding.place(np.asarray(w, dtype), where)
             else:
                 placed = _zeros(shape, dtype, where) if placed is None else placed
-                placed = _set_layer(placed, jax.device_put(np.asarray(w, dtype), layer_where), jnp.int32(i))
+                placed = _set_layer(placed, sharding.place(np.asarray(w, dtype), layer_where), jnp.int32(i))
             del w
         yield path, placed
         del placed
@@ -272,7 +272,7 @@ def _with_default_lm(path, arch: Architecture, cfg, mesh):
     graphdef, state = abstract(arch, cfg)
     own = {k: v for k, v in nnx.to_pure_dict(state).items() if k != "lm"}
     if mesh is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         own = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), own)
     else:
         shard_of = {k: v for k, v in nnx.to_pure_dict(sharding.state_shardings(state, mesh)).items() if k != "lm"}

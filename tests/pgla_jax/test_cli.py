@@ -101,12 +101,22 @@ def test_set_overrides_fields_and_the_flags_win():
     (["--extend"], "--extend needs --steps"),
     (["--max-steps", "0"], "--max-steps must be"),
     (["--set", "unet.no_such_field=1"], "unknown config key"),
+    (["--mesh", "data=2,model=x"], "positive integer"),
+    (["--mesh", "batch=2"], "unknown mesh axis"),
+    (["--config", "denoiser_tiny", "--mesh", "data=3"], "needs 3 devices"),  # the tests' 8 host devices
 ])
 def test_train_denoiser_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert train_denoiser.main([*argv, "--workdir", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err and err.count("\n") == 1, err
     assert not (tmp_path / "work").exists()
+
+
+def test_train_denoiser_mesh_flag():
+    """--mesh: data-parallel over every device by default (run for real, in two processes, by
+    tests/configs/test_distributed.py)."""
+    assert train_denoiser.parse(["--workdir", "w"]).mesh == {"data": -1}
+    assert train_denoiser.parse(["--workdir", "w", "--mesh", "data=2,fsdp=4"]).mesh == {"data": 2, "fsdp": 4}
 
 
 def test_train_denoiser_workdir_that_is_a_file(tmp_path, capsys):

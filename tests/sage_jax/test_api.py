@@ -98,3 +98,16 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     assert got.stats.draft_prompt_tokens < got.stats.prompt_tokens and got.stats.mean_accepted > 0.5
     named = [vlm_data.class_named(t) for t in ref.text]
     assert sum(k == int(y) for k, y in zip(named, test.labels[idx], strict=True)) >= 2, ref.text
+
+
+def test_load_engine_on_a_mesh_decodes_the_same(shipped, devices):
+    """`load_engine(mesh=...)`: the target placed tensor-parallel and data-parallel, the shipped head replicated on the
+    same devices (it once stayed on device 0 and the engine refused the mix); SAGE decodes what one device decodes."""
+    from configs import sharding
+
+    engine, ref = shipped
+    placed = sage_jax.load_engine(mesh=sharding.make_mesh(data=2, model=2, devices=devices[:4]))
+    # SmolLM2: 9 query / 3 kv heads (attention stays whole on each device), MLP 1536 wide (cut in two)
+    assert placed.mesh is not None and placed.target_lm.groups == (1, 2)
+    got = placed.generate(PROMPTS[:2], policy=sage_jax.TreePolicy.sage(), max_new_tokens=16)
+    assert got.token_ids == [t[:16] for t in ref.token_ids[:2]]

@@ -114,6 +114,18 @@ def test_tiny_separate_draft(tiny_target, cli_env):
     assert out["stats"]["mean_accepted"] >= 1
 
 
+def test_tiny_on_a_tensor_parallel_mesh(tiny_target, cli_env):
+    """--mesh model=2 on two host devices: target and self-draft cut over `model`, the same tokens as plain
+    decoding on one device."""
+    common = ["--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--json", "--prompt", "tree"]
+    ar = _json(_cli(cli_env, *common, "--policy", "ar"))
+    two = {**cli_env, "XLA_FLAGS": cli_env["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2"}
+    proc = _cli(two, *common, "--mesh", "model=2", "--budget", "static")
+    out = _json(proc)
+    assert out["policy"] == "sage" and out["token_ids"] == ar["token_ids"]
+    assert "on the mesh {'data': 1, 'fsdp': 1, 'model': 2}" in proc.stderr
+
+
 @pytest.fixture(scope="session")
 def other_vocab(tmp_path_factory):
     return _tiny_llama(tmp_path_factory.mktemp("other_vocab"), 200)
@@ -169,6 +181,10 @@ BAD = {
                                "visual tokens"),
     "vlm_text_draft": (["--target", "{vlm}", "--draft", "{tiny}", "--image", "{root}/cat.png"], "draft"),
     "bad_int": (["--max-new-tokens", "many"], "invalid int"),
+    "mesh_axis": (["--mesh", "data=1,tensor=2"], "unknown mesh axis 'tensor'"),
+    "mesh_size": (["--mesh", "model=0"], "positive integer"),
+    "mesh_syntax": (["--mesh", "model"], "AXIS=SIZE"),
+    "mesh_devices": (["--target", "{tiny}", "--draft-layers", "1", "--mesh", "model=3"], "do not split"),
 }
 
 
