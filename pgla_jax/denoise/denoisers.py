@@ -138,7 +138,7 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     if want.shapes != codec.shapes:
         raise ValueError(f"denoiser {path} was trained for a victim with {want.size} gradient entries "
                          f"{list(want.shapes)[:2]}...; this victim has {codec.size}")
-    model = UNet(cfg.unet, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: UNet(cfg.unet, rngs=nnx.Rngs(0)))  # shapes only: a random init costs ~30 s
     store.load_pure(model, tree)
     unet = nnx.split(model, nnx.Param)
     dn = None

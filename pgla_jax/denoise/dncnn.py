@@ -83,6 +83,6 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable |
 
 def restore(path: str) -> tuple[DnCNN, DenoiserConfig]:
     tree, cfg, _ = store.load(path, KIND)
-    model = DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(0)))  # overwritten below
     store.load_pure(model, tree)
     return model, cfg
