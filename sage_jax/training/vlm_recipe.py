@@ -43,6 +43,10 @@ class VLMRecipe:
     draft: StageConfig | None = None
     draft_rows: int = 512  # training images the VLM answers for the draft stage
     tower_lr_scale: float = 0.1  # align stage: the tower's learning rate relative to the projector's
+    # tower stage: weight of the per-token probe loss (every visual token classifies the image on its own, as the
+    # warm start then asks each token to stand for the class's word), beside the mean-pooled probe's
+    token_loss: float = 0.0
+    shift: int = 0  # tower stage: random translation of the training images by up to this many pixels
     mix: tuple[float, float, float] = (0.8, 0.12, 0.08)  # sampling weights of fashion, digits, photos
     photo_crops: int = 64  # random crops of each scikit-image photo
     seq_len: int = 112  # align stage: tokens per row (prompt with its visual tokens, answer, padding)

@@ -88,15 +88,20 @@ def _draw(c: VLMRecipe, data: dict[str, vlm_data.Images], rng: np.random.Generat
     return [(names[k], int(rng.integers(len(data[names[k]])))) for k in picks]
 
 
-def _image(data, source: str, row: int, rng: np.random.Generator) -> np.ndarray:
+def _image(data, source: str, row: int, rng: np.random.Generator, shift: int = 0) -> np.ndarray:
     x = data[source].pixels[row]
-    return x[:, ::-1] if source != "digits" and rng.random() < 0.5 else x  # mirrored clothes / photos stay true
+    x = x[:, ::-1] if source != "digits" and rng.random() < 0.5 else x  # mirrored clothes / photos stay true
+    if shift:
+        dy, dx = rng.integers(-shift, shift + 1, size=2)
+        x = np.roll(np.pad(x, ((shift, shift), (shift, shift), (0, 0))), (dy, dx), axis=(0, 1))
+        x = x[shift: shift + vlm_data.SIZE, shift: shift + vlm_data.SIZE]
+    return x
 
 
 def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([c.seed, 1, step])
     picks = _draw(c, data, rng, batch_size)
-    images = np.stack([_image(data, s, r, rng) for s, r in picks])
+    images = np.stack([_image(data, s, r, rng, c.shift) for s, r in picks])
     labels = np.asarray([_OFFSET[s] + int(data[s].labels[r]) for s, r in picks], np.int32)
     return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
 
@@ -153,10 +158,17 @@ def align_batch(c: VLMRecipe, data, prompts: Prompts, step: int, batch_size: int
 # -------------------------------------------------------------------------------------------------------- losses
 
 
-def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict):
-    h = hidden_states(cfg.vision, params["vision"], batch["pixels"], (-1,))[0]
-    logits = h.mean(axis=1) @ params["probe"]["w"] + params["probe"]["b"][None]
+def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict, token_loss: float = 0.0):
+    """The mean-pooled probe's cross-entropy, plus `token_loss` times the mean cross-entropy of every token's own
+    probe logits (the same probe): the projector is a per-token map, so what reaches the LM is each token alone."""
+    h = hidden_states(cfg.vision, params["vision"], batch["pixels"], (-1,))[0]  # [M, P, Dv]
+    w, b = params["probe"]["w"], params["probe"]["b"]
+    logits = h.mean(axis=1) @ w + b[None]
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+    if token_loss:
+        per = h @ w + b[None, None]  # [M, P, K]
+        labels = jnp.broadcast_to(batch["labels"][:, None], per.shape[:2])
+        ce = ce + token_loss * optax.softmax_cross_entropy_with_integer_labels(per, labels).mean()
     return ce, {"acc": jnp.mean(jnp.argmax(logits, -1) == batch["labels"])}
 
 
@@ -185,6 +197,30 @@ def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: lm_lib.LM, batch:
     w = batch["weight"]
     hit = (jnp.argmax(logits, -1) == batch["target"]) * w
     return (ce * w).sum() / w.sum(), {"acc": hit.sum() / w.sum()}
+
+
+def probe_accuracy(cfg: lo.LlavaOnevisionConfig, tower: dict, n: int = 2000) -> dict:
+    """The tower stage's probe on `n` held-out Fashion-MNIST test images: the mean-pooled prediction's accuracy and
+    the mean accuracy of every visual token's own prediction."""
+    test = vlm_data.fashion("test")
+    idx = vlm_data.heldout_indices(n)
+    f = jax.jit(lambda v, x: hidden_states(cfg.vision, v, x, (-1,))[0])
+    w, b = np.asarray(tower["probe"]["w"]), np.asarray(tower["probe"]["b"])
+    pooled, token = [], []
+    for i in range(0, n, 250):
+        h = np.asarray(f(tower["vision"], vlm_model.pixels(test.pixels[idx[i: i + 250]])[:, 0]))
+        y = test.labels[idx[i: i + 250]][:, None]
+        pooled.append(np.argmax(h.mean(1) @ w + b, -1) == y[:, 0])
+        token.append(np.argmax(h @ w + b, -1) == y)
+    return {"pooled": float(np.concatenate(pooled).mean()), "token": float(np.concatenate(token).mean()), "n": n}
+
+
+def _cached(path: str, compute: Callable[[], dict]) -> dict:
+    """compute() once per work directory (a resumed run reads it back)."""
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_json(path, compute())
+    return _read_json(path, {})
 
 
 def _n_visual(cfg: lo.LlavaOnevisionConfig) -> int:
@@ -357,12 +393,17 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
     probe = {"w": jnp.zeros((dv, N_PROBE)), "b": jnp.zeros(N_PROBE)}
     tower = run_stage(
         "tower", c.tower, {"vision": fresh["vision"], "probe": probe},
-        lambda p, f, b: tower_loss(cfg, p, b), lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir,
-        progress=progress, log=log)
+        lambda p, f, b: tower_loss(cfg, p, b, c.token_loss),
+        lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir, progress=progress, log=log)
+    probe_acc = _cached(os.path.join(workdir, "tower", "probe.json"), lambda: probe_accuracy(cfg, tower))
+    log(f"tower probe on held-out Fashion-MNIST: {probe_acc}")
     prompts = Prompts(cfg, parts.tokenizer)
     params = {"vision": tower["vision"], "projector": fresh["projector"], "image_newline": fresh["image_newline"]}
     if c.warm_start:
         params = warm_projector(c, parts, params)
+        warm = _cached(os.path.join(workdir, "align", "warm_start.json"),
+                       lambda: heldout_accuracy(parts, params, c.eval_images))
+        log(f"warm start alone (no align step): held-out {warm}")
     labels = {k: jax.tree.map(lambda _, k=k: "tower" if k == "vision" else "proj", v) for k, v in params.items()}
     opt = _optimizer(c.align, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
     params = run_stage(
@@ -377,7 +418,8 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
     final = heldout_accuracy(parts, params, heldout)
     log(f"held-out Fashion-MNIST test images: {final['accuracy']:.1%} of {heldout} answers name the right class")
     plot(workdir)
-    summary = {"heldout": final, "export": out, "seconds": time.perf_counter() - t0, "recipe": c.to_json()}
+    summary = {"heldout": final, "probe": probe_acc, "export": out, "seconds": time.perf_counter() - t0,
+               "recipe": c.to_json()}
     _write_json(os.path.join(workdir, "summary.json"), summary)
     return summary
 

@@ -175,10 +175,18 @@ def test_adapter_refuses_another_language_model(tok, tmp_path):
 
 
 def test_shipped_vlm_was_trained_by_the_readme_recipe():
+    import dataclasses
     import json
 
     from configs.sage import smollm2_vlm
     from sage_jax.io import loader
+    from sage_jax.training.vlm_recipe import VLMRecipe
 
     meta = checkpoint.read_metadata(loader.default_vlm())  # its sha256 manifest checked too
-    assert meta["provenance"]["recipe"] == json.loads(json.dumps(smollm2_vlm.get_config().to_json()))
+    shipped, want = meta["provenance"]["recipe"], json.loads(json.dumps(smollm2_vlm.get_config().to_json()))
+    # Fields added to the recipe after the asset was trained must sit at their defaults (which keep the old
+    # behaviour); every other field is the one the asset was trained with.
+    defaults = {f.name: f.default for f in dataclasses.fields(VLMRecipe) if f.default is not dataclasses.MISSING}
+    newer = want.keys() - shipped.keys()
+    assert all(want[k] == defaults[k] for k in newer), {k: want[k] for k in newer}
+    assert shipped == {k: v for k, v in want.items() if k not in newer}
