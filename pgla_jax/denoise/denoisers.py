@@ -99,17 +99,20 @@ class Denoisers:
             return self.codec.decode(_dncnn_call(graphdef, params, y[None])[0]), None
         if name not in _METHOD or self.unet is None:
             raise ValueError(f"unknown or unavailable denoiser {name!r}; available: {', '.join(self.names)}")
-        if name not in ("diffusion_nonadaptive", "diffusion_released") and sampling.below_first_step(
-                self.schedule, ddpm.effective_sigma(plan.noise, plan.scale)):
+        paper_loop = name in ("diffusion_nonadaptive", "diffusion_released")
+        # The Gaussian level the adaptive reverse processes start from (for Laplace noise the one of its median
+        # absolute deviation, `ddpm.effective_sigma`); the paper's own loops keep the noise's std.
+        sigma = plan.std if paper_loop else ddpm.effective_sigma(plan.noise, plan.scale)
+        if not paper_loop and sampling.below_first_step(self.schedule, sigma):
             return g_sent, 0
         ti = self.start_index(name, plan)
         k_pad, k_run = jax.random.split(key)
-        # The sent gradient has noise on the real entries only; put the same noise on the padding, so the whole
+        # The sent gradient has noise on the real entries only; put noise of that level on the padding, so the whole
         # image is a sample of q(x_t* | x_0) as in training (the released code noised its padding too).
         pad = 1.0 - self.codec.mask()
-        y = y + pad * plan.std * jax.random.normal(k_pad, y.shape)
+        y = y + pad * sigma * jax.random.normal(k_pad, y.shape)
         graphdef, params = self.unet
-        out = sampling.denoise(_apply_for(graphdef), params, y[None], jnp.float32(plan.std),
+        out = sampling.denoise(_apply_for(graphdef), params, y[None], jnp.float32(sigma),
                                jnp.int32(ti), k_run, schedule=self.schedule, method=_METHOD[name],
                                max_steps=self.max_steps)
         return self.codec.decode(out[0]), ti + 1

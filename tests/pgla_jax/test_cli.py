@@ -169,7 +169,7 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     rows = {(r["noise"], r["denoiser"]): r for r in res["results"]}
     assert len(res["results"]) == 8 and len(res["figures"]) == 2
-    assert rows[("gaussian", "diffusion")]["t_star"] == 24 and rows[("laplace", "diffusion")]["t_star"] == 6
+    assert rows[("gaussian", "diffusion")]["t_star"] == 24 and rows[("laplace", "diffusion")]["t_star"] == 4
     assert rows[("laplace", "diffusion_released")]["t_star"] == 4 and rows[("gaussian", "none")]["t_star"] is None
     assert rows[("gaussian", "none")]["image_psnr"] is None and rows[("gaussian", "wiener")]["label_accuracy"] is None
     # --jitter: the protected gradient attacked from 3 starts (even though `none` is not attacked), spread > 0;

@@ -69,9 +69,24 @@ def test_t_star_reproduces_the_paper_table(eps, gauss, laplace):
     m = protections.paper_noise_scale("gaussian", eps, **kw)
     b = protections.paper_noise_scale("laplace", eps, **kw)
     assert ddpm.t_star(SCHED, ddpm.effective_sigma("gaussian", m)) == gauss
-    # The released code maps Laplace with b (its bug (d)); our default uses the std √2·b, one step or two later.
+    # The released code maps Laplace with b (its bug (d)); the Gaussian of Laplace's median absolute deviation
+    # (1.028·b, our default) lands on the same step here; its std √2·b one step or two later.
     assert ddpm.t_star(SCHED, ddpm.effective_sigma("laplace", b, released=True)) == laplace
-    assert ddpm.t_star(SCHED, ddpm.effective_sigma("laplace", b)) >= laplace
+    assert ddpm.t_star(SCHED, ddpm.effective_sigma("laplace", b)) == laplace
+    assert ddpm.t_star(SCHED, ddpm.effective_sigma("laplace", b, laplace="std")) >= laplace
+
+
+def test_laplace_is_matched_by_the_gaussian_of_its_median_absolute_deviation():
+    """σ_eff of Laplace(b) is the σ whose Gaussian has Laplace's median |noise|: checked on samples of both."""
+    b = 0.02
+    sigma = ddpm.effective_sigma("laplace", b)
+    rng = np.random.default_rng(0)
+    lap, gau = np.abs(rng.laplace(0.0, b, 400_000)), np.abs(rng.normal(0.0, sigma, 400_000))
+    assert np.median(lap) == pytest.approx(np.median(gau), rel=5e-3)
+    assert np.std(rng.laplace(0.0, b, 400_000)) == pytest.approx(ddpm.effective_sigma("laplace", b, laplace="std"),
+                                                                 rel=5e-3)
+    with pytest.raises(ValueError, match="laplace"):
+        ddpm.effective_sigma("laplace", b, laplace="kurtosis")
 
 
 def test_t_star_general_values():
