@@ -18,7 +18,7 @@ COLUMNS = [("none", "none"), ("gaussian_filter", "Gauss. filter"), ("wiener", "W
 
 def cosine_table(rows) -> str:
     cols = [c for c in COLUMNS if any(r["denoiser"] == c[0] for r in rows)]
-    out = ["| noise | ε | σ_eff | t* | " + " | ".join(label for _, label in cols) + " |",
+    out = ["| noise | ε | noise std | t* | " + " | ".join(label for _, label in cols) + " |",
            "|" + "---|" * (4 + len(cols))]
     for noise, eps in dict.fromkeys((r["noise"], r["epsilon"]) for r in rows):
         by = {r["denoiser"]: r for r in rows if (r["noise"], r["epsilon"]) == (noise, eps)}
