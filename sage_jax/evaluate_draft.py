@@ -2,12 +2,13 @@
 
     python -m sage_jax.evaluate_draft [--target SPEC] [--draft SPEC | --draft-layers N]
         [--policies sage,eagle2,static,chain] [--max-new-tokens 128] [--prompts N] [--batch B] [--out results.json]
-        [--write-prior]
+        [--write-prior] [--vlm]
 
 Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax/prompts.py` (`bench/acceptance.py`):
 τ+1, its per-prompt spread, identity to AR and decode tokens/s. `--write-prior` stores each policy's acceptance
-statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. Bad input: one line
-`error: ...`, exit code 2.
+statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. `--vlm`: the shipped
+home-trained VLM and its draft (or `--draft`) on held-out Fashion-MNIST test images past the 100 that
+`bench --vlm` asks about, with the bench's questions in turn. Bad input: one line `error: ...`, exit code 2.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 from configs import cli
 from sage_jax.decoding.policies import POLICIES
 from sage_jax.prompts import EVAL_PROMPTS
+
+# `bench --vlm --prompts 100` asks about the first 100 held-out images; `--vlm` measures past them.
+BENCH_IMAGES = 100
 
 
 def _main(argv: list[str] | None) -> int:
@@ -33,37 +37,54 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--out", metavar="JSON")
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
+    ap.add_argument("--vlm", action="store_true", help="the shipped VLM on held-out images (the prompts: images)")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         raise cli.BadInput(f"--policies: unknown {bad or args.policies!r}; choose from {', '.join(POLICIES)}")
-    if not 1 <= args.prompts <= len(EVAL_PROMPTS):
-        raise cli.BadInput(f"--prompts must be in [1, {len(EVAL_PROMPTS)}]")
+    if args.vlm and (args.target is not None or args.draft_layers is not None):
+        raise cli.BadInput("--vlm evaluates the shipped VLM; give no --target or --draft-layers with it")
+    if not 1 <= args.prompts <= (BENCH_IMAGES if args.vlm else len(EVAL_PROMPTS)):
+        raise cli.BadInput(f"--prompts must be in [1, {BENCH_IMAGES if args.vlm else len(EVAL_PROMPTS)}]")
     if args.max_new_tokens < 1 or args.batch < 1:
         raise cli.BadInput("--max-new-tokens and --batch must be >= 1")
     from sage_jax.bench.acceptance import evaluate, table
     from sage_jax.engine import load_engine
-    from sage_jax.io import store
-    from sage_jax.io.loader import cache_dir, default_draft
+    from sage_jax.io import loader, store
 
-    draft_path = args.draft or (default_draft() if args.target is None and args.draft_layers is None else None)
+    if args.vlm:
+        draft_path = args.draft or loader.default_vlm_draft()
+    else:
+        draft_path = args.draft or (loader.default_draft() if args.target is None and args.draft_layers is None
+                                    else None)
     if args.write_prior and (draft_path is None or store.kind_of(draft_path) not in (store.KIND, store.HEAD_KIND)):
         raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped head)")
 
-    cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
+    cli.use_compilation_cache(os.path.join(loader.cache_dir(), "jax"))
+    images, source = None, f"EVAL_PROMPTS[:{args.prompts}]"
     with cli.reported(OSError, ValueError):
-        engine = load_engine(args.target, args.draft, args.draft_layers)
-        ids = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
-        for policy in ("ar", *policies):
-            engine.check_fits(max(map(len, ids)), args.max_new_tokens, policy)
-    res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch)
+        if args.vlm:
+            from sage_jax.bench.vlm import heldout_images, heldout_questions
+
+            engine = load_engine(loader.default_vlm(), args.draft)
+            pics, _ = heldout_images(args.prompts, skip=BENCH_IMAGES)
+            questions = heldout_questions()
+            ids = [questions[i % len(questions)] for i in range(args.prompts)]
+            images = [[p] for p in pics]
+            source = f"held-out Fashion-MNIST test images {BENCH_IMAGES} to {BENCH_IMAGES + args.prompts - 1}"
+        else:
+            engine = load_engine(args.target, args.draft, args.draft_layers)
+            ids = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
+            for policy in ("ar", *policies):
+                engine.check_fits(max(map(len, ids)), args.max_new_tokens, policy)
+    res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images)
     print(table(res))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"draft": engine.description, "results": res}, f, indent=1)
     if args.write_prior:
-        prior = {"prompts": f"EVAL_PROMPTS[:{args.prompts}]", "max_new_tokens": args.max_new_tokens,
+        prior = {"prompts": source, "max_new_tokens": args.max_new_tokens,
                  "batch": args.batch, "policies": {p: res[p]["acceptance"] for p in policies}}
         print(f"wrote {store.write_acceptance(draft_path, prior)}", file=sys.stderr)
     return 0

@@ -15,13 +15,14 @@ from sage_jax.decoding.budget import AcceptanceStats
 from sage_jax.decoding.policies import TreePolicy
 
 
-def evaluate(engine, prompt_ids: list[list[int]], policies: list[str], max_new_tokens: int, *, batch: int = 1,
-             progress: bool = True) -> dict:
+def evaluate(engine, prompt_ids: list, policies: list[str], max_new_tokens: int, *, batch: int = 1,
+             progress: bool = True, images: list[list] | None = None) -> dict:
     """{policy: {tokens_per_step, tau, per_prompt_min/max, identical, prompts, tokens_per_second, acceptance}}
     incl. "ar". Tree policies run at their static sizes; `acceptance` is their `budget.AcceptanceStats` (JSON).
 
     `batch` > 1 decodes that many prompts per request (faster on a CPU; the per-prompt spread is then over
-    requests, τ+1 is still the mean over every row's steps: Σ tokens / Σ steps)."""
+    requests, τ+1 is still the mean over every row's steps: Σ tokens / Σ steps). A vision-language engine takes
+    each prompt's images in `images` (one list per prompt; prompts are then strings or ids)."""
     chunks = [prompt_ids[s: s + batch] for s in range(0, len(prompt_ids), batch)]
     ref: list[list[int]] = []
     acc: dict[str, dict[str, list]] = {p: {"steps": [], "tokens": [], "secs": [], "same": []}
@@ -30,7 +31,8 @@ def evaluate(engine, prompt_ids: list[list[int]], policies: list[str], max_new_t
     runs = [(p, i) for p in ["ar", *policies] for i in range(len(chunks))]
     for policy, i in tqdm(runs, desc="evaluate", disable=not progress, dynamic_ncols=True):
         chunk = chunks[i]
-        gen = engine.generate(chunk, policy=policy, max_new_tokens=max_new_tokens)
+        media = {} if images is None else {"images": images[i * batch: i * batch + len(chunk)]}
+        gen = engine.generate(chunk, policy=policy, max_new_tokens=max_new_tokens, **media)
         st = gen.stats
         if policy == "ar":
             ref.extend(gen.token_ids)

@@ -41,15 +41,23 @@ def default_images() -> list:
     return [Image.fromarray(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket")]
 
 
-def heldout_images(n: int) -> tuple[list, np.ndarray]:
-    """The first `n` held-out Fashion-MNIST test images (`vlm_data.heldout_indices`) as PIL images, and labels."""
+def heldout_images(n: int, skip: int = 0) -> tuple[list, np.ndarray]:
+    """Held-out Fashion-MNIST test images `skip` … `skip + n` (`vlm_data.heldout_indices`) as PIL images, and
+    labels. The bench asks about the first ones; `evaluate_draft --vlm` measures its prior past them."""
     from PIL import Image
 
     from sage_jax.training import vlm_data
 
     test = vlm_data.fashion("test")
-    idx = vlm_data.heldout_indices(n)
+    idx = vlm_data.heldout_indices(skip + n)[skip:]
     return [Image.fromarray(x) for x in test.pixels[idx]], test.labels[idx]
+
+
+def heldout_questions() -> tuple[str, ...]:
+    """The questions asked about held-out images, in turn: the default one, two more "what is" and a description."""
+    from sage_jax.training import vlm_data
+
+    return (vlm_data.DEFAULT_QUESTION, *vlm_data.WHAT[1:3], vlm_data.DESCRIBE[0])
 
 
 def _synthetic_images() -> list:
@@ -79,13 +87,12 @@ def build(args):
         images, videos, name = _synthetic_images(), [], "tiny random Qwen2.5-VL pair (--quick)"
     elif args.target is None:
         from sage_jax.io import loader
-        from sage_jax.training import vlm_data
 
         with cli.reported(OSError, ValueError):
             engine = load_engine(loader.default_vlm(), args.draft, prune=args.prune, prune_ratio=ratios,
                                  attention=args.attention)
         images, labels = heldout_images(args.prompts or 8)
-        questions = (vlm_data.DEFAULT_QUESTION, *vlm_data.WHAT[1:3], vlm_data.DESCRIBE[0])
+        questions = heldout_questions()
         prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
         title = (f"shipped home-trained VLM (SmolLM2-135M-Instruct + its own tower), draft {engine.description}, "
                  f"greedy, {args.max_new_tokens} new tokens, {len(prompts)} held-out Fashion-MNIST test images, "

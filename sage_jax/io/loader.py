@@ -82,7 +82,7 @@ MANIFEST = "SHA256SUMS"
 
 def write_manifest(path: str | os.PathLike) -> str:
     """Writes `path`/SHA256SUMS: the sha256 of every file of a checkpoint directory (sorted relative paths; the
-    rewritable acceptance.json left out). Returns the manifest's path."""
+    rewritable acceptance.json files left out). Returns the manifest's path."""
     path = os.fspath(path)
     lines = []
     for rel in _files(path):
@@ -95,9 +95,9 @@ def write_manifest(path: str | os.PathLike) -> str:
 
 
 def _files(path: str) -> list[str]:
-    skip = {MANIFEST, store.ACCEPTANCE_FILE}
-    return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs
-                  if os.path.relpath(os.path.join(d, f), path) not in skip)
+    # acceptance.json is left out wherever it sits: the VLM asset keeps its draft's at draft/acceptance.json.
+    rels = (os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
+    return sorted(r for r in rels if r != MANIFEST and os.path.basename(r) != store.ACCEPTANCE_FILE)
 
 
 def verify_manifest(path: str | os.PathLike) -> None:

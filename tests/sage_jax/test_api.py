@@ -85,6 +85,9 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     jax.tree.map(np.testing.assert_array_equal, vlm.module.lm.params(), text.params())
     engine = sage_jax.load_engine(sage_jax.default_vlm())
     assert engine.draft_spec.kind == "eagle" and "shipped" in engine.description
+    # The draft ships its acceptance (`evaluate_draft --vlm --write-prior`), so --budget auto decides the first request
+    # from it instead of exploring with full trees.
+    assert {"sage", "eagle2", "static", "chain"} <= engine.acceptance_prior.keys()
     test = vlm_data.fashion("test")
     idx = vlm_data.heldout_indices(4)[1:]  # the CLI test answers the first
     prompts = [vlm_data.DEFAULT_QUESTION] * len(idx)

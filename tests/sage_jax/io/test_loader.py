@@ -23,7 +23,9 @@ def test_manifest_catches_a_changed_missing_or_extra_file(tmp_path, cache_dir):
     loader.write_manifest(src)
     loader.verify_manifest(src)
     (src / "acceptance.json").write_text("{}")  # the rewritable prior is not checked
+    (src / "params" / "acceptance.json").write_text("{}")  # nor a nested one (the VLM asset's draft/ has one)
     loader.verify_manifest(src)
+    os.remove(src / "params" / "acceptance.json")
     meta = src / "metadata.json"
     meta.write_text(meta.read_text().replace("eagle_head", "eagle_head "))
     with pytest.raises(ValueError, match="metadata.json does not match its sha256"):
@@ -36,3 +38,19 @@ def test_manifest_catches_a_changed_missing_or_extra_file(tmp_path, cache_dir):
     os.remove(src / "params" / "_METADATA")
     with pytest.raises(ValueError, match=r"missing \['params/_METADATA'\]"):
         loader.verify_manifest(src)
+
+
+def test_shipped_drafts_carry_a_prior_the_chooser_uses():
+    """Both shipped drafts (the text head and the VLM's) carry `acceptance.json` for every tree policy, at the
+    policies' current static sizes: a prior of other sizes is silently ignored, and `--budget auto` would then
+    explore its first request with full trees (the VLM's once ran at 0.44x AR that way on a 2-core CPU)."""
+    from sage_jax.decoding.policies import TreePolicy
+    from sage_jax.io import store
+
+    for path in (loader.default_draft(), loader.default_vlm_draft()):
+        policies = store.read_acceptance(path)["policies"]
+        assert {"sage", "eagle2", "static", "chain"} <= policies.keys(), path
+        for name, prior in policies.items():
+            pol = TreePolicy.named(name)
+            assert (prior["n_max"], prior["d_cap"]) == (pol.n_max, pol.d_cap), (path, name)
+            assert sum(prior["offered"]) > 0 and 0 < sum(prior["accepted"]) <= sum(prior["offered"]), (path, name)
