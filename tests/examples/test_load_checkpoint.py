@@ -291,7 +291,7 @@ def test_script_runs_as_a_user_runs_it(script_env):
     lines = out.stdout.splitlines()
     assert lines[0] == f"pgla-dncnn {DNCNN}: 9,649 parameters"
     assert lines[1].startswith("  denoised [1, 116, 116, 1]: sum ")
-    assert lines[2] == f"vlm {VLM}: 1,023,040 parameters"
+    assert lines[2] == f"vlm {VLM}: 2,255,040 parameters"  # the shipped tower (1,810,944), projector and newline
     assert lines[3].startswith("  visual embeddings [36, 576]: sum ") and len(lines) == 4
 
 
