@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
         "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
         "one device")
-    arg("--compare", action="store_true", help="also decode with plain AR and report the speedup (both run twice, the second runs timed)")
+    arg("--compare", action="store_true",
+        help="also decode with plain AR and report the speedup (both run twice, the second runs timed)")
     arg("--json", action="store_true", help="print one JSON object on stdout")
     return ap.parse_args(argv)
 
