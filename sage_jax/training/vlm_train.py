@@ -92,9 +92,9 @@ def _image(data, source: str, row: int, rng: np.random.Generator, shift: int = 0
     x = data[source].pixels[row]
     x = x[:, ::-1] if source != "digits" and rng.random() < 0.5 else x  # mirrored clothes / photos stay true
     if shift:
-        dy, dx = rng.integers(-shift, shift + 1, size=2)
-        x = np.roll(np.pad(x, ((shift, shift), (shift, shift), (0, 0))), (dy, dx), axis=(0, 1))
-        x = x[shift: shift + vlm_data.SIZE, shift: shift + vlm_data.SIZE]
+        dy, dx = rng.integers(-shift, shift + 1, size=2)  # the image moves down by dy, right by dx
+        y0, x0 = shift - dy, shift - dx
+        x = np.pad(x, ((shift, shift), (shift, shift), (0, 0)))[y0: y0 + vlm_data.SIZE, x0: x0 + vlm_data.SIZE]
     return x
 
 
