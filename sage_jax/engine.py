@@ -27,6 +27,7 @@ from configs import sharding
 from sage_jax import chat
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
+from sage_jax.decoding import datastore as datastore_lib
 from sage_jax.decoding import media_batch, visual_pruning, widths
 from sage_jax.decoding import speculative as spec
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
@@ -151,6 +152,8 @@ class Engine:
       attention: how the decoding loops' cache-reading forwards (verify, draft levels, catch-up, a plain decode
         step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
         so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
+      datastore: the target's own answers as n-gram continuations (`decoding/datastore.py`), for policies with
+        `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """
 
     def __init__(self, target: CausalLM | Decoder | VisionLM,
@@ -159,7 +162,8 @@ class Engine:
                  profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
                  description: str | None = None,
                  prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
-                 prune: visual_pruning.Method = "attention", attention: str = "xla"):
+                 prune: visual_pruning.Method = "attention", attention: str = "xla",
+                 datastore: datastore_lib.Datastore | None = None):
         if isinstance(target, CausalLM | VisionLM) and tokenizer is None:
             tokenizer = target.tokenizer
         self.vision = target if isinstance(target, VisionLM) else None
@@ -189,6 +193,10 @@ class Engine:
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
         self.mesh = sharding.mesh_of(self._lm_t)  # where the target's parameters are placed (None: one device)
+        if datastore is not None and self.mesh is not None:  # small: replicated on every device of the mesh
+            repl = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+            datastore = jax.tree.map(lambda x: sharding.place(x, repl), datastore)
+        self.datastore = datastore
         self.acceptance_prior = dict(acceptance_prior or {})
         self.description = description or (
             f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
@@ -331,15 +339,20 @@ class Engine:
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
         args = (*head, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32), media)
         spec_d = self.draft_spec
+        store = self.datastore if pol.datastore else None
+        if pol.datastore and store is None:
+            raise ValueError("this policy merges a datastore chain, but the engine has no datastore (a draft "
+                             "checkpoint with datastore.npz, or Engine(datastore=...); `python -m "
+                             "sage_jax.build_datastore` makes one)")
 
-        def prefill(lm_t, lm_d, *a):
+        def prefill(lm_t, lm_d, store, *a):
             return spec.spec_prefill(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), *a)
 
-        def decode(lm_t, lm_d, state, t):
-            return spec.spec_decode(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), state, t)
+        def decode(lm_t, lm_d, store, state, t):
+            return spec.spec_decode(cfg, lm_t, build_drafter(spec_d, lm_t, lm_d), state, t, store)
 
-        state, times = self._run(("spec", cfg, spec_d, b, has_media), prefill, decode, (self._lm_t, self._lm_d),
-                                 args, temps)
+        state, times = self._run(("spec", cfg, spec_d, b, has_media), prefill, decode,
+                                 (self._lm_t, self._lm_d, store), args, temps)
         gen = self._result(state, pol.name, times, draft_forwards=int(state.draft_forwards))
         st = gen.stats
         st.prompt_tokens = sum(map(len, ids))
@@ -577,4 +590,5 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         if v_d != v_t:
             raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")
     prior = {} if isinstance(draft, CausalLM | VisionLM) else store.read_acceptance(draft).get("policies", {})
-    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, **opts)
+    kept = None if isinstance(draft, CausalLM | VisionLM) else datastore_lib.load(os.fspath(draft))
+    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, datastore=kept, **opts)

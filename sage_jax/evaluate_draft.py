@@ -2,13 +2,16 @@
 
     python -m sage_jax.evaluate_draft [--target SPEC] [--draft SPEC | --draft-layers N]
         [--policies sage,eagle2,static,chain] [--max-new-tokens 128] [--prompts N] [--batch B] [--out results.json]
-        [--write-prior] [--vlm]
+        [--write-prior] [--vlm] [--retrieval L] [--datastore [DIR]]
 
 Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax/prompts.py` (`bench/acceptance.py`):
 τ+1, its per-prompt spread, identity to AR and decode tokens/s. `--write-prior` stores each policy's acceptance
 statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. `--vlm`: the shipped
 home-trained VLM and its draft (or `--draft`) on held-out Fashion-MNIST test images past the 100 that
-`bench --vlm` asks about, with the bench's questions in turn. Bad input: one line `error: ...`, exit code 2.
+`bench --vlm` asks about, with the bench's questions in turn. `--retrieval L` merges an L-token prompt-lookup chain
+into every tree policy's trees; `--datastore` also one from a datastore of the target's answers (the draft
+checkpoint's datastore.npz, or DIR's; `python -m sage_jax.build_datastore`). Bad input: one line `error: ...`, exit
+code 2.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import sys
 
 from configs import cli
-from sage_jax.decoding.policies import POLICIES
+from sage_jax.decoding.policies import POLICIES, TreePolicy
 from sage_jax.prompts import EVAL_PROMPTS
 
 # `bench --vlm --prompts 100` asks about the first 100 held-out images; `--vlm` measures past them.
@@ -38,11 +41,24 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
     ap.add_argument("--vlm", action="store_true", help="the shipped VLM on held-out images (the prompts: images)")
+    ap.add_argument("--retrieval", type=int, default=0, metavar="L",
+                    help="merge an L-token prompt-lookup chain into every tree (default 0: none; with --datastore "
+                         "8, or the smallest depth cap of the policies)")
+    ap.add_argument("--datastore", nargs="?", const="", default=None, metavar="DIR",
+                    help="also merge a chain from the target's answers: the draft checkpoint's datastore, or DIR's")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         raise cli.BadInput(f"--policies: unknown {bad or args.policies!r}; choose from {', '.join(POLICIES)}")
+    if args.datastore is not None and not args.retrieval:  # 8, or the shallowest policy's depth cap
+        args.retrieval = min(8, *(TreePolicy.named(p).d_cap for p in policies))
+    policy_kw = {"retrieval": args.retrieval, "datastore": args.datastore is not None} if args.retrieval else {}
+    for name in policies if policy_kw else ():
+        try:
+            TreePolicy.named(name, **policy_kw)
+        except ValueError as e:
+            raise cli.BadInput(f"--retrieval with policy {name}: {e}") from None
     if args.vlm and (args.target is not None or args.draft_layers is not None):
         raise cli.BadInput("--vlm evaluates the shipped VLM; give no --target or --draft-layers with it")
     if not 1 <= args.prompts <= (BENCH_IMAGES if args.vlm else len(EVAL_PROMPTS)):
@@ -60,6 +76,8 @@ def _main(argv: list[str] | None) -> int:
                                     else None)
     if args.write_prior and (draft_path is None or store.kind_of(draft_path) not in (store.KIND, store.HEAD_KIND)):
         raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped head)")
+    if args.write_prior and policy_kw:
+        raise cli.BadInput("--write-prior stores the plain policies' prior; give it no --retrieval or --datastore")
 
     cli.use_compilation_cache(os.path.join(loader.cache_dir(), "jax"))
     images, source = None, f"EVAL_PROMPTS[:{args.prompts}]"
@@ -78,7 +96,15 @@ def _main(argv: list[str] | None) -> int:
             ids = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
             for policy in ("ar", *policies):
                 engine.check_fits(max(map(len, ids)), args.max_new_tokens, policy)
-    res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images)
+        if args.datastore:
+            from sage_jax.decoding import datastore
+
+            engine.datastore = datastore.load(args.datastore)
+            if engine.datastore is None:
+                raise cli.BadInput(f"--datastore: {args.datastore} holds no {datastore.FILE}")
+        if args.datastore is not None and engine.datastore is None:
+            raise cli.BadInput("--datastore: the draft has no datastore.npz; give its directory (--datastore DIR)")
+    res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images, policy_kw=policy_kw)
     print(table(res))
     if args.out:
         with open(args.out, "w") as f:

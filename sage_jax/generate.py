@@ -2,7 +2,7 @@
 
     python -m sage_jax.generate [--target SPEC] [--draft SPEC | --draft-layers N] [--prompt TEXT]
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
-        [--policy {ar,chain,static,eagle2,sage}] [--retrieval L]
+        [--policy {ar,chain,static,eagle2,sage}] [--retrieval L] [--datastore]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
         [--seed S] [--attention {xla,pallas}] [--mesh AXIS=SIZE,...] [--compare] [--json]
 
@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--policy", choices=("ar", *POLICIES), default="sage")
     arg("--retrieval", type=int, metavar="L", default=0, help="merge an L-token prompt-lookup chain into every "
         "tree (copy-heavy prompts: rewrite, fix this code; 0 = off, at most the policy's depth cap)")
+    arg("--datastore", action="store_true", help="also merge a chain from the draft's datastore of the target's own "
+        "answers (`build_datastore`; the shipped head has one); --retrieval L sets its length too (default 8)")
     arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; plain decoding when "
         "no tree pays), static (the policy's full tree) or NODES,DEPTH")
     arg("--max-new-tokens", type=int, metavar="N", default=128)
@@ -104,11 +106,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise cli.BadInput(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.draft is not None and args.draft_layers is not None:
         raise cli.BadInput("give either --draft or --draft-layers, not both")
+    if args.datastore and not args.retrieval:
+        args.retrieval = 8
     if args.retrieval:
         if args.policy == "ar":
-            raise cli.BadInput("--retrieval needs a tree policy, not --policy ar")
+            flag = "--datastore" if args.datastore else "--retrieval"
+            raise cli.BadInput(f"{flag} needs a tree policy, not --policy ar")
         try:
-            args.policy_obj = TreePolicy.named(args.policy, retrieval=args.retrieval)
+            args.policy_obj = TreePolicy.named(args.policy, retrieval=args.retrieval, datastore=args.datastore)
         except ValueError as e:
             raise cli.BadInput(f"--retrieval: {e}") from None
     if args.draft_layers is not None and args.draft_layers < 1:
@@ -168,6 +173,9 @@ def run(args: argparse.Namespace) -> dict:
                              prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention, mesh=mesh)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
+        if args.datastore and engine.datastore is None:
+            raise cli.BadInput(f"--datastore: the draft ({engine.description}) has no datastore.npz "
+                               f"(python -m sage_jax.build_datastore --out DRAFT_DIR makes one)")
         if vision:  # the processor outputs: a video on an image-only model or an image it refuses fails here
             prompt = engine.vision.inputs(args.prompt, images=args.images, videos=args.videos)
             ids = [int(t) for t in prompt["input_ids"][0]]

@@ -16,23 +16,25 @@ from sage_jax.decoding.policies import TreePolicy
 
 
 def evaluate(engine, prompt_ids: list, policies: list[str], max_new_tokens: int, *, batch: int = 1,
-             progress: bool = True, images: list[list] | None = None) -> dict:
+             progress: bool = True, images: list[list] | None = None, policy_kw: dict | None = None) -> dict:
     """{policy: {tokens_per_step, tau, per_prompt_min/max, identical, prompts, tokens_per_second, acceptance}}
     incl. "ar". Tree policies run at their static sizes; `acceptance` is their `budget.AcceptanceStats` (JSON).
 
     `batch` > 1 decodes that many prompts per request (faster on a CPU; the per-prompt spread is then over
     requests, τ+1 is still the mean over every row's steps: Σ tokens / Σ steps). A vision-language engine takes
-    each prompt's images in `images` (one list per prompt; prompts are then strings or ids)."""
+    each prompt's images in `images` (one list per prompt; prompts are then strings or ids). `policy_kw`: fields
+    every tree policy gets (`TreePolicy.named(name, **policy_kw)`, e.g. retrieval chains); results keep the names."""
     chunks = [prompt_ids[s: s + batch] for s in range(0, len(prompt_ids), batch)]
     ref: list[list[int]] = []
     acc: dict[str, dict[str, list]] = {p: {"steps": [], "tokens": [], "secs": [], "same": []}
                                        for p in ["ar", *policies]}
-    stats = {p: AcceptanceStats(pol.n_max, pol.d_cap) for p in policies for pol in [TreePolicy.named(p)]}
+    named = {p: TreePolicy.named(p, **(policy_kw or {})) for p in policies}
+    stats = {p: AcceptanceStats(pol.n_max, pol.d_cap) for p, pol in named.items()}
     runs = [(p, i) for p in ["ar", *policies] for i in range(len(chunks))]
     for policy, i in tqdm(runs, desc="evaluate", disable=not progress, dynamic_ncols=True):
         chunk = chunks[i]
         media = {} if images is None else {"images": images[i * batch: i * batch + len(chunk)]}
-        gen = engine.generate(chunk, policy=policy, max_new_tokens=max_new_tokens, **media)
+        gen = engine.generate(chunk, policy=named.get(policy, policy), max_new_tokens=max_new_tokens, **media)
         st = gen.stats
         if policy == "ar":
             ref.extend(gen.token_ids)

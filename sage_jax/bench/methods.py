@@ -35,7 +35,9 @@ class Method:
     budget: Any = "auto"
 
 
-def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = ()) -> list[Method]:
+def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), datastore: bool = False
+                 ) -> list[Method]:
+    """Our rows; `datastore`: the main engine has a datastore of the target's answers (`sage-datastore`)."""
     static = TreePolicy.static()
     out = [Method("ar", "ours", "ar", budget=None),
            Method("chain-lm", "ours", TreePolicy.chain(), draft="lm", budget=None),
@@ -45,6 +47,9 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = ()) ->
            Method("sage", "ours", TreePolicy.sage(), budget=budget),
            # SAGE with an 8-token prompt-lookup chain merged into its trees (decoding/retrieval.py)
            Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=8), budget=budget),
+           # ... and a second chain from the datastore of the target's own answers (decoding/datastore.py)
+           *([Method("sage-datastore", "ours", TreePolicy.sage(retrieval=8, datastore=True), budget=budget)]
+             if datastore else []),
            # the same node budget as the static tree: the like-for-like τ comparison
            Method(f"sage@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max), budget=None)]
     if ablations:

@@ -88,7 +88,8 @@ def build(args: argparse.Namespace) -> Suite:
                          if draft_lm is None else Engine(engine.target, draft_lm, **att))
         texts = bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS]
         prompts = [engine.encode(p) for p in texts]
-    methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep)]
+    methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep,
+                                                              datastore=engine.datastore is not None)]
     if not args.no_hf:
         methods += M.hf_methods()
     methods = _select(methods, args.methods)

@@ -49,6 +49,8 @@ class TreePolicy:
         measured whether or not the chain was merged, so a closed gate reopens when the text starts copying.
         0 (the default) merges every chain: on the 2-core CPU with the shipped head a gate of 0.3 or 0.5 saved
         no time on chat prompts and cost acceptance on copy-heavy ones (docs/sage.md, "Retrieval gate").
+      datastore: also merge an L-token chain from a datastore of the target's own answers (`datastore.py`; the
+        loop then takes a `Datastore` argument): up to L more nodes again. Needs retrieval = L >= 1; ungated.
     """
 
     name: PolicyName = "sage"
@@ -74,6 +76,7 @@ class TreePolicy:
     history_high: float = 3.0
     retrieval: int = 0
     retrieval_gate: float = 0.0
+    datastore: bool = False
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -88,6 +91,8 @@ class TreePolicy:
             raise ValueError(f"need 1 <= d_min <= d_max <= d_cap, got {self.d_min}, {self.d_max}, {self.d_cap}")
         if not 0 <= self.retrieval <= self.d_cap:
             raise ValueError(f"retrieval chain length must lie in [0, d_cap={self.d_cap}], got {self.retrieval}")
+        if self.datastore and not self.retrieval:
+            raise ValueError("a datastore chain needs retrieval = L >= 1 (its length)")
         if not 0.0 <= self.retrieval_gate <= 1.0:
             raise ValueError(f"retrieval_gate must lie in [0, 1], got {self.retrieval_gate}")
         if not 1 <= self.w_min <= self.w_max <= self.top_k:
@@ -137,8 +142,8 @@ class TreePolicy:
 
     @property
     def tree_size(self) -> int:
-        """Slots of the verified tree: the root, n_max draft nodes and the retrieval chain's room."""
-        return 1 + self.n_max + self.retrieval
+        """Slots of the verified tree: the root, n_max draft nodes and the retrieval chains' room."""
+        return 1 + self.n_max + self.retrieval * (2 if self.datastore else 1)
 
     @property
     def per_level(self) -> int:

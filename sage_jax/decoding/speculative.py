@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.decoding import policies, retrieval, sampling, visual_pruning, widths
+from sage_jax.decoding import datastore, policies, retrieval, sampling, visual_pruning, widths
 from sage_jax.decoding import verify as verify_lib
 from sage_jax.decoding.autoregressive import ARConfig, is_eos, prefill, prompt_layout
 from sage_jax.decoding.drafters import Drafter
@@ -235,8 +235,9 @@ class Draft:
     cache: the draft cache after the catch-up and the tree's levels; alpha: [B] the confidence of this step's root
     distribution; alpha_used: [B] the α that shaped this tree; forwards, width: draft forwards spent and their
     summed static widths; cand / n_cand: [B, L] / [B] the retrieval lookup's chain (L = 0 without retrieval);
-    n_merged: [B] how many of its tokens were offered (0 where the gate was shut); n_head: [B] the tree's nodes
-    before the chain was merged (root included: slots from n_head on are the chain's own).
+    n_merged: [B] how many of its tokens were offered (0 where the gate was shut); n_stored: [B] the tokens of the
+    datastore's chain (`TreePolicy.datastore`; 0 without); n_head: [B] the tree's nodes before the chains were
+    merged (root included: slots from n_head on are the chains' own).
     """
 
     tree: Tree
@@ -249,6 +250,7 @@ class Draft:
     cand: Int[Array, "B chain"]
     n_cand: Int[Array, " B"]
     n_merged: Int[Array, " B"]
+    n_stored: Int[Array, " B"]
     n_head: Int[Array, " B"]
 
 
@@ -274,8 +276,9 @@ def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
     return widths.switch(jnp.max(s.n_pending), widths.sizes(a, 1, cfg.bucket_ratio), at_width)
 
 
-def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
-    """Catches the draft up, reads α from the root distribution, shapes and builds this step's tree."""
+def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Datastore | None = None) -> Draft:
+    """Catches the draft up, reads α from the root distribution, shapes and builds this step's tree, and merges
+    the retrieval chains into it (`store`: the datastore of a `TreePolicy.datastore` policy)."""
     pol = cfg.policy
     root_logq, root_feat, cache, cu_width = catch_up(cfg, drafter, s)
     alpha = policies.confidence(root_logq, pol.top_k)
@@ -288,21 +291,30 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState) -> Draft:
     n_head = jnp.sum(tree.valid, axis=1).astype(jnp.int32)
     b = n_head.shape[0]
     cand, n_cand = jnp.zeros((b, 0), jnp.int32), jnp.zeros((b,), jnp.int32)
-    n_merged = n_cand
+    n_merged = n_stored = n_cand
     if pol.retrieval:
-        cand, n_cand = _lookup(pol.retrieval, s)
+        history, valid, end = _history(s)
+        cand, n_cand = retrieval.lookup(history, valid, end, pol.retrieval)
         n_merged = jnp.where(s.r_score >= pol.retrieval_gate, n_cand, 0) if pol.retrieval_gate > 0 else n_cand
-        tree = retrieval.merge(retrieval.widen(tree, pol.retrieval), cand, n_merged)
+        tree = retrieval.widen(tree, pol.tree_size - tree.size)
+        tree = retrieval.merge(tree, cand, n_merged)
+        if pol.datastore:
+            if store is None:
+                raise ValueError("a datastore policy needs the Datastore argument")
+            stored, n_stored = datastore.lookup(store, history, valid, end, pol.retrieval)
+            tree = retrieval.merge(tree, stored, n_stored)
     return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
-                 width=cu_width + level_width, cand=cand, n_cand=n_cand, n_merged=n_merged, n_head=n_head)
+                 width=cu_width + level_width, cand=cand, n_cand=n_cand, n_merged=n_merged, n_stored=n_stored,
+                 n_head=n_head)
 
 
-def _lookup(length: int, s: SpecState) -> tuple[Int[Array, "B chain"], Int[Array, " B"]]:
-    """Prompt-lookup candidates from the prompt and the tokens generated so far (the newest is the root)."""
+def _history(s: SpecState) -> tuple[Int[Array, "B ctx"], Bool[Array, "B ctx"], Int[Array, " B"]]:
+    """Where retrieval looks: the prompt and the tokens generated so far, which of those slots are real, and the
+    slot of the newest token (the root)."""
     t, o = s.prompt.shape[1], s.out.shape[1]
     history = jnp.concatenate([s.prompt, s.out], axis=1)
     valid = jnp.concatenate([jnp.arange(t)[None] >= s.pad[:, None], jnp.arange(o)[None] < s.n_gen[:, None]], 1)
-    return retrieval.lookup(history, valid, t + s.n_gen - 1, length)
+    return history, valid, t + s.n_gen - 1
 
 
 # ******** Verify: one target forward over root + tree, at the smallest width holding its nodes. ********
@@ -460,7 +472,7 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
         draft_forwards=s.draft_forwards + d.forwards, draft_width=s.draft_width + d.width,
         verify_width=s.verify_width + v.width,
         accepted_at=s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop"),
-        r_steps=s.r_steps + jnp.sum(active & (d.n_merged > 0)),
+        r_steps=s.r_steps + jnp.sum(active & ((d.n_merged > 0) | (d.n_stored > 0))),
         r_nodes=s.r_nodes + jnp.sum(jnp.where(active, chain_nodes, 0)), r_accepted=s.r_accepted + jnp.sum(on_chain),
         alpha_trace=s.alpha_trace.at[at].set(d.alpha_used[0]),
         depth_trace=s.depth_trace.at[at].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
@@ -471,22 +483,23 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
 # ******** The loop. ********
 
 
-def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature: Float[Array, " B"]
-              ) -> SpecState:
+def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature: Float[Array, " B"],
+              store: datastore.Datastore | None = None) -> SpecState:
     active = ~s.done
     key, sub = jax.random.split(s.key)
-    d = draft(cfg, drafter, s)
+    d = draft(cfg, drafter, s, store)
     v = verify(cfg, target, s, d.tree, drafter, temperature, sub)
     s = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
     s = update_policy(cfg, s, d, v, active)
     return record(cfg.policy, s, d, v, active)
 
 
-def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature: Float[Array, " B"]
-                ) -> SpecState:
-    """Steps until every row hit EOS or its `max_new` tokens."""
+def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature: Float[Array, " B"],
+                store: datastore.Datastore | None = None) -> SpecState:
+    """Steps until every row hit EOS or its `max_new` tokens. `store`: the datastore a `TreePolicy.datastore`
+    policy draws its second chain from (an argument of the loop, not a constant baked into it)."""
 
     def cond(s: SpecState):
         return (s.steps < cfg.max_steps) & ~jnp.all(s.done)
 
-    return jax.lax.while_loop(cond, lambda s: spec_step(cfg, target, drafter, s, temperature), state)
+    return jax.lax.while_loop(cond, lambda s: spec_step(cfg, target, drafter, s, temperature, store), state)

@@ -179,6 +179,8 @@ BAD = {
     "unknown_flag": (["--beam-width", "4"], "unrecognized"),
     "prune_ratio": (["--prune-ratio", "0.8,2"], "--prune-ratio"),
     "retrieval_too_long": (["--retrieval", "99"], "--retrieval"),
+    "datastore_ar": (["--datastore", "--policy", "ar"], "--datastore needs a tree policy"),
+    "datastore_missing": (["--target", "{tiny}", "--draft-layers", "1", "--datastore"], "has no datastore"),
     "video_image_only": (["--target", "{image_only}", "--video", "{root}/clip.npy"], "images only"),
     "visual_tokens_too_many": (["--target", "{image_only}", "--image", "{root}/cat.png", "--max-new-tokens", "4"],
                                "visual tokens"),
