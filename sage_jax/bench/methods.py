@@ -48,7 +48,8 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), da
            # SAGE with an 8-token prompt-lookup chain merged into its trees (decoding/retrieval.py)
            Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=8), budget=budget),
            # ... and a second chain from the datastore of the target's own answers (decoding/datastore.py)
-           *([Method("sage-datastore", "ours", TreePolicy.sage(retrieval=8, datastore=True), budget=budget)]
+           *([Method("sage-datastore", "ours", TreePolicy.sage(retrieval=8, datastore=True), budget=budget),
+              Method("eagle2-datastore", "ours", TreePolicy.eagle2(retrieval=6, datastore=True), budget=budget)]
              if datastore else []),
            # the same node budget as the static tree: the like-for-like τ comparison
            Method(f"sage@{static.n_max}", "ours", TreePolicy.sage(n_max=static.n_max), budget=None)]

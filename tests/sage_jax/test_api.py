@@ -38,6 +38,16 @@ def test_shipped_head_sage_equals_ar(shipped):
     assert got.stats.mean_accepted > 0.4 and got.stats.steps < ref.stats.steps
 
 
+def test_shipped_retrieval_chains_equal_ar(shipped):
+    """The shipped head carries the datastore of the target's own answers (`build_datastore`): SAGE with a
+    prompt-lookup chain and a datastore chain merged into its trees is still exactly AR, and the chains are used."""
+    engine, ref = shipped
+    assert engine.datastore is not None and engine.datastore.size > 100_000
+    got = engine.generate(PROMPTS, policy=sage_jax.TreePolicy.sage(retrieval=8, datastore=True), max_new_tokens=32)
+    assert got.token_ids == ref.token_ids
+    assert 0 < got.stats.retrieval_steps <= got.stats.row_steps and got.stats.retrieval_accepted > 0
+
+
 def test_load_gives_the_engines_target_logits(shipped):
     engine, ref = shipped
     model = sage_jax.load(sage_jax.io.default_target())
