@@ -333,8 +333,9 @@ class Engine:
             return gen
         pol = cfg.policy
         n_b, d_b = (pol.n_max, pol.d_cap) if budget is None else budget
-        if not (1 <= n_b <= pol.n_max and 1 <= d_b <= pol.d_cap):
-            raise ValueError(f"budget {budget} outside [1, {pol.n_max}] x [1, {pol.d_cap}]")
+        lo = 0 if pol.retrieval else 1  # with retrieval chains, node budget 0 verifies the chains alone
+        if not (lo <= n_b <= pol.n_max and 1 <= d_b <= pol.d_cap):
+            raise ValueError(f"budget {budget} outside [{lo}, {pol.n_max}] x [1, {pol.d_cap}]")
         b = len(ids)
         alpha0 = np.full((b,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
         args = (*head, alpha0, np.full((b,), n_b, np.int32), np.full((b,), d_b, np.int32), media)

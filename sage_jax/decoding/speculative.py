@@ -139,9 +139,10 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
                  alpha0: Float[Array, " B"], n_budget: Int[Array, " B"] | None = None,
                  d_budget: Int[Array, " B"] | None = None, media: visual_pruning.Media | None = None) -> SpecState:
     """Prefills both caches with the prompt; the target's first token becomes the first root. `alpha0`: the
-    confidence that shapes the first tree; `n_budget` / `d_budget`: node budget and depth cap (default: the
-    policy's static n_max / d_cap). All per-request values, so arrays. `media`: a multimodal prompt; the draft
-    then reads the visual tokens `media.keep` says, compacted into `cfg.draft_prompt_len` slots."""
+    confidence that shapes the first tree; `n_budget` / `d_budget`: node budget (0 with retrieval chains: they
+    alone are verified) and depth cap (default: the policy's static n_max / d_cap). All per-request values, so
+    arrays. `media`: a multimodal prompt; the draft then reads the visual tokens `media.keep` says, compacted into
+    `cfg.draft_prompt_len` slots."""
     b, t = tokens.shape
     pol = cfg.policy
     a = pol.d_cap + 1
@@ -174,7 +175,7 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
         delta_d=delta_d, t_cache=t_cache, d_cache=d_cache, key=key,
         alpha=alpha0.astype(jnp.float32), d_max=jnp.full((b,), pol.d_max, jnp.int32),
         hist=jnp.zeros((b, pol.history_window), jnp.float32), hist_n=jnp.zeros((b,), jnp.int32),
-        n_budget=jnp.clip(n_budget, 1, pol.n_max).astype(jnp.int32),
+        n_budget=jnp.clip(n_budget, 0 if pol.retrieval else 1, pol.n_max).astype(jnp.int32),
         d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
         draft_forwards=jnp.int32(1), draft_width=jnp.int32(t_d), verify_width=jnp.int32(0),

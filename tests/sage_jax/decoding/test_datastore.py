@@ -97,6 +97,13 @@ def test_datastore_chains_are_lossless_and_accepted(engine_and_store):
         assert out.token_ids == ref.token_ids, policy.name
         assert sum(st.accepted_at) + st.retrieval_accepted == round(st.mean_accepted * st.row_steps), policy.name
         assert st.retrieval_accepted > 0, policy.name
+    # node budget 0: the chains alone are verified (no draft node), still AR's output
+    out = engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4, retrieval=6, datastore=True),
+                          max_new_tokens=40, budget=(0, 4))
+    assert out.token_ids == ref.token_ids and out.stats.retrieval_accepted > 0 and sum(out.stats.accepted_at) == 0
+    assert round(out.stats.mean_accepted * out.stats.row_steps) == out.stats.retrieval_accepted
     engine.datastore = None
+    with pytest.raises(ValueError, match=r"outside \[1, 16\]"):
+        engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4), budget=(0, 4))
     with pytest.raises(ValueError, match="datastore chain needs retrieval"):
         TreePolicy.sage(datastore=True)
