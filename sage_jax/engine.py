@@ -284,7 +284,8 @@ class Engine:
         `policy`: "ar", a policy name or a `TreePolicy`. `temperature`: one value or one per prompt (0 = greedy;
         sampled rows keep the target's exact distribution). `alpha_init`: SAGE's confidence for the first tree
         (default: the policy's). `budget`: (node budget, depth cap) at most the policy's static (n_max, d_cap);
-        arrays in the compiled loop, so any value reuses the compilation (default: the static sizes); "auto":
+        arrays in the compiled loop, so any value reuses the compilation (default: the static sizes; a node budget
+        of 0 with a retrieval policy verifies its chains alone, and the draft then runs no forward); "auto":
         chosen by `chooser(policy)` from the measured cost profile and the acceptance statistics of earlier calls,
         which this call then extends (plain autoregressive decoding, reported as budget (0, 0) under the requested
         policy's name, when no tree is predicted to pay).

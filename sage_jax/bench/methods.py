@@ -47,10 +47,9 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), da
            Method("sage", "ours", TreePolicy.sage(), budget=budget),
            # SAGE with an 8-token prompt-lookup chain merged into its trees (decoding/retrieval.py)
            Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=8), budget=budget),
-           # the retrieval chains alone (node budget 0: prompt lookup, and the datastore where there is one, verified
-           # in one forward; the head only catches up): prompt-lookup decoding inside our loop
-           Method("chains-only", "ours", TreePolicy.sage(retrieval=8, datastore=datastore),
-                  budget=(0, TreePolicy.sage().d_cap)),
+           # a prompt-lookup chain alone (node budget 0: no draft node, no draft forward; root + 7 tokens fit the
+           # 8-row verify bucket): prompt-lookup decoding inside our loop
+           Method("chains-only", "ours", TreePolicy.sage(retrieval=7), budget=(0, TreePolicy.sage().d_cap)),
            # ... and a second chain from the datastore of the target's own answers (decoding/datastore.py)
            *([Method("sage-datastore", "ours", TreePolicy.sage(retrieval=8, datastore=True), budget=budget),
               Method("eagle2-datastore", "ours", TreePolicy.eagle2(retrieval=6, datastore=True), budget=budget)]

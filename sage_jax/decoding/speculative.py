@@ -281,7 +281,16 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Data
     """Catches the draft up, reads α from the root distribution, shapes and builds this step's tree, and merges
     the retrieval chains into it (`store`: the datastore of a `TreePolicy.datastore` policy)."""
     pol = cfg.policy
-    root_logq, root_feat, cache, cu_width = catch_up(cfg, drafter, s)
+    if pol.retrieval:  # node budget 0 on every row: the chains alone are verified, so the draft need not catch up
+        like = jax.eval_shape(lambda: catch_up(cfg, drafter, s)[:2])
+
+        def skip():
+            return (*(jnp.zeros(x.shape, x.dtype) for x in like), s.d_cache, jnp.int32(0))
+
+        root_logq, root_feat, cache, cu_width = jax.lax.cond(jnp.all(s.n_budget == 0), skip,
+                                                             lambda: catch_up(cfg, drafter, s))
+    else:
+        root_logq, root_feat, cache, cu_width = catch_up(cfg, drafter, s)
     alpha = policies.confidence(root_logq, pol.top_k)
     alpha_used = alpha if pol.alpha_source == "fresh_root" else s.alpha
     shape = policies.step_shape(pol, alpha_used, s.d_max, s.d_budget)
@@ -304,7 +313,8 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Data
                 raise ValueError("a datastore policy needs the Datastore argument")
             stored, n_stored = datastore.lookup(store, history, valid, end, pol.retrieval)
             tree = retrieval.merge(tree, stored, n_stored)
-    return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used, forwards=1 + n_levels,
+    return Draft(tree=tree, pool=pool, cache=cache, alpha=alpha, alpha_used=alpha_used,
+                 forwards=(cu_width > 0).astype(jnp.int32) + n_levels,
                  width=cu_width + level_width, cand=cand, n_cand=n_cand, n_merged=n_merged, n_stored=n_stored,
                  n_head=n_head)
 

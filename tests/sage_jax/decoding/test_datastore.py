@@ -102,6 +102,7 @@ def test_datastore_chains_are_lossless_and_accepted(engine_and_store):
                           max_new_tokens=40, budget=(0, 4))
     assert out.token_ids == ref.token_ids and out.stats.retrieval_accepted > 0 and sum(out.stats.accepted_at) == 0
     assert round(out.stats.mean_accepted * out.stats.row_steps) == out.stats.retrieval_accepted
+    assert out.stats.draft_forwards == 1  # the prefill's: with no draft node the draft never catches up
     engine.datastore = None
     with pytest.raises(ValueError, match=r"outside \[1, 16\]"):
         engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4), budget=(0, 4))
