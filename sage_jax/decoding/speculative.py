@@ -281,7 +281,9 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Data
     """Catches the draft up, reads α from the root distribution, shapes and builds this step's tree, and merges
     the retrieval chains into it (`store`: the datastore of a `TreePolicy.datastore` policy)."""
     pol = cfg.policy
-    if pol.retrieval:  # node budget 0 on every row: the chains alone are verified, so the draft need not catch up
+    # Node budget 0 on every row: the chains alone are verified, so the draft need not catch up. Its cache then
+    # falls behind, which is safe because a request's node budget is fixed: its draft is never asked again.
+    if pol.retrieval:
         like = jax.eval_shape(lambda: catch_up(cfg, drafter, s)[:2])
 
         def skip():
