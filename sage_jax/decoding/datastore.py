@@ -56,18 +56,11 @@ class Datastore:
                 f"contexts of {self.n_min}..{self.n_max} tokens")
 
 
-def _hash(n: int, ctx: np.ndarray) -> np.ndarray:
-    """Hash of the contexts `ctx` [..., n] (numpy, uint32); `_hash_jax` computes the same."""
-    h = np.full(ctx.shape[:-1], _SEED ^ np.uint32(n), np.uint32)
+def _hash(n: int, ctx, xp=np):
+    """32-bit hash of the contexts `ctx` [..., n], the same in numpy (`xp=np`, building) and traced (`xp=jnp`)."""
+    h = xp.full(ctx.shape[:-1], _SEED ^ np.uint32(n), xp.uint32)
     for i in range(n):
-        h = (h ^ ctx[..., i].astype(np.uint32)) * _MUL
-    return h
-
-
-def _hash_jax(n: int, ctx: Int[Array, "B n"]) -> Int[Array, " B"]:
-    h = jnp.full(ctx.shape[:-1], _SEED ^ np.uint32(n), jnp.uint32)
-    for i in range(n):
-        h = (h ^ ctx[..., i].astype(jnp.uint32)) * jnp.uint32(_MUL)
+        h = (h ^ ctx[..., i].astype(xp.uint32)) * xp.uint32(_MUL)
     return h
 
 
@@ -136,10 +129,11 @@ def lookup(store: Datastore, history: Int[Array, "B ctx"], valid: Bool[Array, "B
         idx = end[:, None] - jnp.arange(n - 1, -1, -1)[None]  # the context's slots, oldest first
         ok = jnp.all((idx >= 0) & jnp.take_along_axis(valid, jnp.maximum(idx, 0), 1), axis=1)
         ctx = jnp.take_along_axis(history, jnp.maximum(idx, 0), 1)
-        i = jnp.minimum(jnp.searchsorted(keys, _hash_jax(n, ctx)), n_keys - 1)
+        h = _hash(n, ctx, jnp)
+        i = jnp.minimum(jnp.searchsorted(keys, h), n_keys - 1)
         cont = at[i]
         stored = corpus[jnp.clip(cont[:, None] - n + jnp.arange(n)[None], 0, n_corpus - 1)]
-        hit = ok & (keys[i] == _hash_jax(n, ctx)) & jnp.all(stored == ctx, axis=1) & (cont >= n)
+        hit = ok & (keys[i] == h) & jnp.all(stored == ctx, axis=1) & (cont >= n)
         take = ~found & hit
         start = jnp.where(take, cont, start)
         found = found | take
