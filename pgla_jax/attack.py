@@ -1,8 +1,9 @@
 """`python -m pgla_jax.attack`: protect FL gradients, denoise them, invert them; print a Markdown table or JSON and
 save PNG grids of the recovered images (OUT/results.md and OUT/results.json too).
 
-`--denoiser CKPT` is a diffusion checkpoint from `python -m pgla_jax.train_denoiser` (default: the shipped one for
-the paper's DLG LeNet; `none`: classical baselines only). Bad input (unknown config, data path or denoiser, ε ≤ 0,
+`--denoiser CKPT` is a diffusion checkpoint (or a Gaussian prior alone) from `python -m pgla_jax.train_denoiser`
+(default: the one shipped for the victim, for the 28×28 and the 32×32×3 DLG LeNet; `none`: classical baselines
+only). Bad input (unknown config, data path or denoiser, ε ≤ 0,
 batch larger than the data, a checkpoint that does not fit the victim, an existing output file without --force)
 → one line ``error: ...`` on stderr and exit code 2 (`configs.cli`).
 """
@@ -51,12 +52,14 @@ def parse(argv) -> argparse.Namespace:
                    help="override a config field, e.g. --set protection.delta=1e-5 (repeatable; before the flags "
                         "below, which win)")
     p.add_argument("--denoiser", default="shipped",
-                   help="diffusion checkpoint folder (train_denoiser's WORKDIR/denoiser), 'shipped' (default: the "
-                        "paper-setting LeNet checkpoint) or 'none' (classical baselines only)")
+                   help="checkpoint folder (train_denoiser's WORKDIR/denoiser, or WORKDIR/prior alone), 'shipped' "
+                        "(default: the one shipped for the victim: the 28×28 and the 32×32×3 LeNet) or 'none' "
+                        "(classical baselines only)")
     p.add_argument("--denoisers", type=_names,
                    help="comma-separated denoisers to score (default: all available), e.g. none,wiener,diffusion")
     p.add_argument("--attacked", type=_names,
-                   help="denoisers whose outputs are also attacked (default: none and diffusion, when available)")
+                   help="denoisers whose outputs are also attacked (default: none, diffusion_ddim and prior_ddim, "
+                        "those available)")
     p.add_argument("--epsilons", type=_epsilons, help="comma-separated ε values, e.g. 1,10,50,100")
     p.add_argument("--noise", type=_choices(("gaussian", "laplace")), help="gaussian, laplace or both (comma)")
     p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
@@ -68,7 +71,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="images per client gradient")
     p.add_argument("--iterations", type=int, help="attack iterations (L-BFGS or Adam steps)")
     p.add_argument("--data", metavar="NAME",
-                   help="data set: mnist5k, fashion_mnist, digits, skimage_patches, cifar10, cifar100 (pickles) or "
+                   help="data set: mnist5k, fashion_mnist, digits, skimage_patches, surrogate_patches, cifar10, "
+                        "cifar100 (pickles) or "
                         "tfds:<name> (a prepared tfds dataset, e.g. tfds:cifar100, tfds:pgla_patches)")
     p.add_argument("--data-path", help="data folder (CIFAR pickles, Fashion-MNIST IDX files, the tfds data_dir)")
     p.add_argument("--out", default="pgla_out", help="output folder for the PNG grids and results.{md,json}")
@@ -108,13 +112,15 @@ def build_config(args):
                        attack=dataclasses.replace(cfg.attack, **att), **top)
 
 
-def denoiser_path(spec: str) -> str | None:
+def denoiser_path(spec: str, victim) -> str | None:
+    """The checkpoint folder `--denoiser` names; 'shipped' is the one shipped for `victim` (None: there is none,
+    and the classical baselines run alone)."""
     if spec == "none":
         return None
     if spec == "shipped":
-        from pgla_jax.denoise.store import shipped_path
+        from pgla_jax.denoise.store import shipped_for
 
-        spec = shipped_path()
+        return shipped_for(victim)
     if not os.path.isdir(spec):
         raise cli.BadInput(f"denoiser checkpoint {spec} not found")
     return spec
@@ -156,7 +162,7 @@ def _main(argv) -> int:
     for path in outputs:
         if os.path.exists(path) and not args.force:
             raise cli.BadInput(f"{path} exists; pass --force to overwrite it or choose another --out")
-    ckpt = denoiser_path(args.denoiser)
+    ckpt = denoiser_path(args.denoiser, cfg.victim)
 
     # Heavy imports after the argument checks, so bad input fails fast.
     from tqdm import tqdm

@@ -10,7 +10,8 @@ import dataclasses
 import typing
 from typing import Literal
 
-DatasetName = Literal["mnist5k", "fashion_mnist", "digits", "skimage_patches", "cifar10", "cifar100"]
+DatasetName = Literal["mnist5k", "fashion_mnist", "digits", "skimage_patches", "surrogate_patches", "cifar10",
+                      "cifar100"]
 #: The data sets read from files (`pgla_jax.data.load`); "tfds:<name>" names a prepared tfds dataset besides.
 DATASETS: tuple[str, ...] = typing.get_args(DatasetName)
 
@@ -169,3 +170,9 @@ class DenoiserConfig:
     dncnn_depth: int = 6
     dncnn_width: int = 16
     dncnn_steps: int = 300
+    # The Gaussian prior fitted by the same command on the same gradients (`denoise/prior.py`): the top-K
+    # eigen-directions of each layer's covariance; 0 fits none. Its closed-form ε-model gives the `prior*` rows.
+    # More directions keep more of a gradient the surrogate rarely shows (Laplace ε = 1, DLG's PSNR from the DDIM
+    # row at K = 128 / 256 / 512 / 768: 13.9 / 14.6 / 15.1 / 15.3 dB, the protected gradient's 15.5 ± 0.7);
+    # 512 float16 directions fit the 28×28 and the 32×32×3 LeNet's checkpoints under 25 MB.
+    prior_rank: int = 512

@@ -1,6 +1,6 @@
 """`python -m pgla_jax.train_denoiser`: build the clean surrogate-gradient data set, then train the gradient diffusion
 model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, WORKDIR/state/, the final
-checkpoint WORKDIR/denoiser/ and the DnCNN baseline WORKDIR/dncnn/; then
+checkpoint WORKDIR/denoiser/, the DnCNN baseline WORKDIR/dncnn/ and the Gaussian prior WORKDIR/prior/; then
 `python -m pgla_jax.attack --denoiser WORKDIR/denoiser`.
 
 Data-parallel over every device present (`--mesh data=-1`, the default: each batch is cut over the mesh's `data`
@@ -39,6 +39,8 @@ def parse(argv):
     p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
     p.add_argument("--extend", action="store_true",
                    help="go on from WORKDIR's saved state to more --steps (a warm restart of the schedule)")
+    p.add_argument("--prior-only", action="store_true",
+                   help="build the data set and fit the Gaussian prior (WORKDIR/prior) only: no U-Net, no DnCNN")
     p.add_argument("--mesh", type=cli.mesh_axes, default={"data": -1}, metavar="AXIS=SIZE,...",
                    help="the device mesh (axes data, fsdp, model; -1 = the devices left over), default data=-1: "
                         "data-parallel over every device of every host")
@@ -67,6 +69,8 @@ def build_config(args) -> DenoiserConfig:
         cfg = dataclasses.replace(cfg, steps=args.steps)
     if args.extend and args.steps is None:
         raise cli.BadInput("--extend needs --steps (the new total)")
+    if args.prior_only and cfg.prior_rank < 1:
+        raise cli.BadInput(f"--prior-only needs prior_rank ≥ 1, got {cfg.prior_rank}")
     if args.max_steps is not None and args.max_steps < 1:
         raise cli.BadInput(f"--max-steps must be ≥ 1, got {args.max_steps}")
     if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
@@ -97,27 +101,39 @@ def _main(argv) -> int:
     with cli.reported(ValueError):  # DataError and CheckpointError are ValueErrors
         with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr, disable=quiet) as bar:
             gradients.build(cfg.gradients, data_dir, progress=bar.update)
-        stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
-        start = min(train.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
-        with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr, disable=quiet) as bar:
+        out = None
+        if not args.prior_only:
+            stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
+            start = min(train.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
+            with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr, disable=quiet) as bar:
 
-            def progress(loss):
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}")
-
-            out = train.train(cfg, data_dir, args.workdir, progress=progress, mesh=mesh, max_steps=args.max_steps,
-                              extend=args.extend)
-        # Process 0 decides: every host must run the baseline's steps (and its checkpoint save) or none.
-        if cfg.dncnn_steps and not sharding.from_primary(os.path.isdir(os.path.join(args.workdir, "dncnn"))):
-            with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr, disable=quiet) as bar:
-
-                def progress_dncnn(loss):
+                def progress(loss):
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}")
 
-                dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn)
+                out = train.train(cfg, data_dir, args.workdir, progress=progress, mesh=mesh, max_steps=args.max_steps,
+                                  extend=args.extend)
+            # Process 0 decides: every host must run the baseline's steps (and its checkpoint save) or none.
+            if cfg.dncnn_steps and not sharding.from_primary(os.path.isdir(os.path.join(args.workdir, "dncnn"))):
+                with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr, disable=quiet) as bar:
+
+                    def progress_dncnn(loss):
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.4f}")
+
+                    dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn)
+        prior_dir = os.path.join(args.workdir, "prior")
+        # Like the baseline: every host fits (deterministic, seconds to minutes) and saves together, or none does.
+        if cfg.prior_rank and not sharding.from_primary(os.path.isdir(prior_dir)):
+            from pgla_jax.denoise import prior
+            from pgla_jax.models import split_victim
+
+            layers = len(prior.blocks(split_victim(cfg.gradients.victim)[1]))
+            with tqdm(total=layers, desc="Gaussian prior (layers)", file=sys.stderr, disable=quiet) as bar:
+                prior.build(cfg, data_dir, prior_dir, progress=bar.update)
     if not quiet:
-        print(f"denoiser checkpoint: {out} ({time.time() - t0:.0f} s)")
+        out = out or os.path.abspath(prior_dir)
+        print(f"{'prior' if args.prior_only else 'denoiser'} checkpoint: {out} ({time.time() - t0:.0f} s)")
     return 0
 
 

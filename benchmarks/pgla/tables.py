@@ -1,6 +1,7 @@
 """The two PGLA tables of docs/pgla.md (and the README's excerpt) from one `python -m pgla_jax.attack` results.json:
-gradient cosine per denoiser (best of each row in bold) and DLG image PSNR as received / ancestral / DDIM, with the
-attack's own jitter where the run measured it (``--jitter J``).
+gradient cosine per denoiser (best of each row in bold) and DLG image PSNR as received / ancestral / DDIM / the
+Gaussian prior's DDIM (those that were attacked), with the attack's own jitter where the run measured it
+(``--jitter J``).
 
     .venv/bin/python benchmarks/pgla/tables.py benchmarks/pgla/results/paper_8img.json
 """
@@ -11,9 +12,11 @@ import argparse
 import json
 
 COLUMNS = [("none", "none"), ("gaussian_filter", "Gauss. filter"), ("wiener", "Wiener (σ known)"),
-           ("dncnn", "DnCNN"), ("diffusion", "diffusion (ancestral)"), ("diffusion_ddim", "**DDIM** (default)"),
+           ("dncnn", "DnCNN"), ("diffusion", "diffusion (ancestral)"), ("diffusion_ddim", "DDIM"),
            ("diffusion_oneshot", "one-shot x̂₀"), ("diffusion_conditional", "conditional"),
-           ("diffusion_released", "released loop"), ("diffusion_nonadaptive", "non-adaptive")]
+           ("diffusion_released", "released loop"), ("diffusion_nonadaptive", "non-adaptive"),
+           ("prior", "prior (ancestral)"), ("prior_ddim", "prior DDIM"), ("prior_oneshot", "prior one-shot")]
+DLG_ROWS = ("none", "diffusion", "diffusion_ddim", "prior_ddim")
 
 
 def cosine_table(rows) -> str:
@@ -24,7 +27,7 @@ def cosine_table(rows) -> str:
         by = {r["denoiser"]: r for r in rows if (r["noise"], r["epsilon"]) == (noise, eps)}
         vals = {n: float(f"{by[n]['grad_cosine']:.5f}") for n, _ in cols if n in by}
         best = max(vals.values())
-        t = by.get("diffusion_ddim", by.get("diffusion", {})).get("t_star")
+        t = next((by[n]["t_star"] for n in ("diffusion_ddim", "diffusion", "prior_ddim") if n in by), None)
         cells = [f"**{vals[n]:.5f}**" if vals[n] == best else f"{vals[n]:.5f}" for n, _ in cols]
         out.append(f"| {noise} | {eps:g} | {by['none']['noise_std']:.3g} | {t} | " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -37,7 +40,7 @@ def dlg_table(rows) -> str:
         cells = []
         for eps in eps_all:
             by = {r["denoiser"]: r for r in rows if (r["noise"], r["epsilon"]) == (noise, eps)}
-            vals = " / ".join(f"{by[n]['image_psnr']:.1f}" for n in ("none", "diffusion", "diffusion_ddim")
+            vals = " / ".join(f"{by[n]['image_psnr']:.1f}" for n in DLG_ROWS
                               if n in by and by[n]["image_psnr"] is not None)
             jit = by["none"].get("image_psnr_jitter")
             cells.append(f"{vals} dB" + (f" (± {jit:.2f})" if jit is not None else ""))

@@ -9,6 +9,9 @@ Names (the `denoiser` column of the attack's JSON):
 * ``diffusion_nonadaptive``: from a fixed step on the unscaled gradient (`NONADAPTIVE_T`);
 * ``diffusion_conditional``: ancestral loop with the observation as a condition channel (conditional checkpoints);
 * ``diffusion_released``: the released code (b for Laplace, a loop that never iterates), for comparison.
+* ``prior``, ``prior_ddim``, ``prior_oneshot``: the adaptive ancestral / DDIM / one-shot reverse processes with
+  the closed-form ε-model of a Gaussian fitted to the same surrogate gradients (`prior.py`, checkpoints with a
+  `…/prior` beside `…/denoiser`); `prior_oneshot` is the linear MMSE estimate under that Gaussian.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from configs import checkpoint
 from pgla_jax import codec as codec_lib
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import baselines, ddpm, dncnn, sampling, store
+from pgla_jax.denoise import baselines, ddpm, dncnn, prior, sampling, store
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.protections import NoisePlan
 
@@ -32,7 +36,8 @@ DIFFUSION = ("diffusion", "diffusion_ddim", "diffusion_oneshot", "diffusion_nona
              "diffusion_released")
 _METHOD = {"diffusion": "ddpm", "diffusion_ddim": "ddim", "diffusion_oneshot": "oneshot",
            "diffusion_nonadaptive": "nonadaptive", "diffusion_conditional": "conditional",
-           "diffusion_released": "released"}
+           "diffusion_released": "released", "prior": "ddpm", "prior_ddim": "ddim", "prior_oneshot": "oneshot"}
+PRIOR = ("prior", "prior_ddim", "prior_oneshot")
 #: Non-adaptive start step (0-based): the paper's Gaussian ε = 1 start, used whatever the noise.
 NONADAPTIVE_T = 23
 #: Reverse-process model calls at most (respaced ancestral chain beyond): DP-SGD noise maps to t* ≈ 1000.
@@ -41,6 +46,11 @@ MAX_STEPS = 100
 
 def _unet_apply(graphdef, params, x, t, cond):
     return nnx.merge(graphdef, params)(x, t, cond)
+
+
+def _prior_apply(alphas_cumprod, gaussian, x, t, cond):
+    del cond  # the Gaussian's ε-model is unconditional
+    return prior.eps(gaussian, x, prior.abar_at(jnp.asarray(alphas_cumprod, jnp.float32), t))
 
 
 def _dncnn_apply(graphdef, params, y):
@@ -56,6 +66,7 @@ class Denoisers:
       cfg: the checkpoint's config (None for baselines only).
       schedule: the DDPM schedule.
       unet / dncnn: (graphdef, params) or None.
+      prior: the Gaussian prior of the surrogate gradients (`prior.GaussianPrior`) or None.
       path: the U-Net checkpoint path (reported).
     """
 
@@ -66,12 +77,15 @@ class Denoisers:
     dncnn: tuple | None = None
     path: str | None = None
     max_steps: int = MAX_STEPS
+    prior: prior.GaussianPrior | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
         out = [n for n in BASELINES if n != "dncnn" or self.dncnn is not None]
         if self.unet is not None:
             out += [n for n in DIFFUSION if n != "diffusion_conditional" or self.cfg.unet.cond_channels]
+        if self.prior is not None:
+            out += PRIOR
         return tuple(out)
 
     def start_index(self, name: str, plan: NoisePlan) -> int:
@@ -97,7 +111,7 @@ class Denoisers:
         if name == "dncnn":
             graphdef, params = self.dncnn
             return self.codec.decode(_dncnn_call(graphdef, params, y[None])[0]), None
-        if name not in _METHOD or self.unet is None:
+        if name not in self.names or name not in _METHOD:
             raise ValueError(f"unknown or unavailable denoiser {name!r}; available: {', '.join(self.names)}")
         paper_loop = name in ("diffusion_nonadaptive", "diffusion_released")
         # The Gaussian level the adaptive reverse processes start from (for Laplace noise the one of its median
@@ -111,8 +125,11 @@ class Denoisers:
         # image is a sample of q(x_t* | x_0) as in training (the released code noised its padding too).
         pad = 1.0 - self.codec.mask()
         y = y + pad * sigma * jax.random.normal(k_pad, y.shape)
-        graphdef, params = self.unet
-        out = sampling.denoise(_apply_for(graphdef), params, y[None], jnp.float32(sigma),
+        if name in PRIOR:
+            apply, params = _prior_apply_for(self.schedule), self.prior
+        else:
+            apply, params = _apply_for(self.unet[0]), self.unet[1]
+        out = sampling.denoise(apply, params, y[None], jnp.float32(sigma),
                                jnp.int32(ti), k_run, schedule=self.schedule, method=_METHOD[name],
                                max_steps=self.max_steps)
         return self.codec.decode(out[0]), ti + 1
@@ -125,22 +142,30 @@ def _apply_for(graphdef):
     return functools.partial(_unet_apply, graphdef)
 
 
+@functools.lru_cache(maxsize=8)
+def _prior_apply_for(schedule: ddpm.Schedule):
+    return functools.partial(_prior_apply, tuple(float(a) for a in schedule.alphas_cumprod))
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _dncnn_call(graphdef, params, y):
     return _dncnn_apply(graphdef, params, y)
 
 
 def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
-    """The denoisers of a checkpoint folder: `path` is a U-Net checkpoint (`…/denoiser`) whose sibling `…/dncnn`
-    (if present) is the DnCNN baseline; None gives the classical baselines only (on `codec`'s layout). Raises
+    """The denoisers of a checkpoint folder: `path` is a U-Net checkpoint (`…/denoiser`) whose siblings `…/dncnn`
+    and `…/prior` (if present) are the DnCNN baseline and the Gaussian prior, or a prior checkpoint alone (its
+    `prior*` rows and the baselines); None gives the classical baselines only (on `codec`'s layout). Raises
     `CheckpointError` / `ValueError` (one line) for a checkpoint trained for another victim."""
     if path is None:
         return Denoisers(codec)
+    if checkpoint.read_metadata(path).get("kind") == prior.KIND:  # a prior alone: its rows and the baselines
+        cfg = store.config_from_json(checkpoint.read_metadata(path)["config"])
+        want = _fitting(store.make_codec(cfg), codec, path)
+        return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), path=os.path.abspath(path),
+                         prior=_checked_prior(prior.load(path), want, path))
     tree, cfg, _ = store.load(path)
-    want = store.make_codec(cfg)
-    if want.shapes != codec.shapes:
-        raise ValueError(f"denoiser {path} was trained for a victim with {want.size} gradient entries "
-                         f"{list(want.shapes)[:2]}...; this victim has {codec.size}")
+    want = _fitting(store.make_codec(cfg), codec, path)
     model = nnx.eval_shape(lambda: UNet(cfg.unet, rngs=nnx.Rngs(0)))  # shapes only: a random init costs ~30 s
     store.load_pure(model, tree)
     unet = nnx.split(model, nnx.Param)
@@ -148,4 +173,21 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "dncnn")
     if os.path.isdir(sibling):
         dn = nnx.split(dncnn.restore(sibling)[0], nnx.Param)
-    return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), unet, dn, os.path.abspath(path))
+    gaussian = None
+    if os.path.isdir(prior.sibling(path)):
+        gaussian = _checked_prior(prior.load(prior.sibling(path)), want, prior.sibling(path))
+    return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), unet, dn, os.path.abspath(path),
+                     prior=gaussian)
+
+
+def _fitting(want: codec_lib.GradientCodec, codec: codec_lib.GradientCodec, path: str) -> codec_lib.GradientCodec:
+    if want.shapes != codec.shapes:
+        raise ValueError(f"denoiser {path} was trained for a victim with {want.size} gradient entries "
+                         f"{list(want.shapes)[:2]}...; this victim has {codec.size}")
+    return want
+
+
+def _checked_prior(gaussian: prior.GaussianPrior, want: codec_lib.GradientCodec, path: str) -> prior.GaussianPrior:
+    if gaussian.size != want.size or want.layout == "per_layer":
+        raise ValueError(f"prior {path} does not fit the denoiser's {want.layout} layout of {want.size} entries")
+    return gaussian

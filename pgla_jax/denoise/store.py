@@ -23,9 +23,24 @@ KIND = "pgla-denoiser"
 SHIPPED = "lenet28"
 
 
+#: Every shipped denoiser folder: the MNIST LeNet's U-Net (+ DnCNN + prior), the colour LeNet's prior alone.
+SHIPPED_ALL = ("lenet28", "patches32")
+
+
 def shipped_path(name: str = SHIPPED) -> str:
-    """pgla_jax/assets/<name>/denoiser (its DnCNN baseline beside it in …/dncnn)."""
-    return os.fspath(importlib.resources.files("pgla_jax") / "assets" / name / "denoiser")
+    """pgla_jax/assets/<name>/denoiser (its DnCNN baseline and Gaussian prior beside it in …/dncnn, …/prior), or
+    …/prior for a folder that ships the prior alone."""
+    root = importlib.resources.files("pgla_jax") / "assets" / name
+    return os.fspath(root / ("denoiser" if (root / "denoiser").is_dir() else "prior"))
+
+
+def shipped_for(victim) -> str | None:
+    """The shipped checkpoint made for `victim` (a `VictimConfig`), or None when none is."""
+    for name in SHIPPED_ALL:
+        path = shipped_path(name)
+        if config_from_json(checkpoint.read_metadata(path)["config"]).gradients.victim == victim:
+            return path
+    return None
 
 
 def str_keys(tree):

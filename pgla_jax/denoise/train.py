@@ -55,8 +55,8 @@ def loss_fn(graphdef, params, x0, mask, key, cfg: DenoiserConfig, sched: ddpm.Sc
 
 
 def _diffusion_fields(cfg: DenoiserConfig) -> DenoiserConfig:
-    # The DnCNN baseline's fields do not touch the diffusion training state.
-    return dataclasses.replace(cfg, dncnn_depth=0, dncnn_width=0, dncnn_steps=0)
+    # The DnCNN baseline's and the Gaussian prior's fields do not touch the diffusion training state.
+    return dataclasses.replace(cfg, dncnn_depth=0, dncnn_width=0, dncnn_steps=0, prior_rank=0)
 
 
 def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callable | None = None,

@@ -104,6 +104,7 @@ def test_set_overrides_fields_and_the_flags_win():
     (["--mesh", "data=2,model=x"], "positive integer"),
     (["--mesh", "batch=2"], "unknown mesh axis"),
     (["--config", "denoiser_tiny", "--mesh", "data=3"], "needs 3 devices"),  # the tests' 8 host devices
+    (["--prior-only", "--set", "prior_rank=0"], "--prior-only needs prior_rank"),
 ])
 def test_train_denoiser_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert train_denoiser.main([*argv, "--workdir", str(tmp_path / "work")]) == 2
@@ -198,7 +199,8 @@ def test_train_denoiser_end_to_end(tmp_path):
     """The tiny recipe through the real command line (one CPU device, strict rank promotion as in the tests): the data
     set, the U-Net and DnCNN checkpoints; then a longer schedule on the finished workdir without --extend is the
     library's refusal, one line and exit 2. ~80-90 s, most of it compiling the U-Net's training step."""
-    from pgla_jax.denoise import store
+    from configs.pgla import denoiser_tiny
+    from pgla_jax.denoise import prior, store
 
     env = {**os.environ, "XLA_FLAGS": "", "JAX_NUMPY_RANK_PROMOTION": "raise"}
     work = tmp_path / "work"
@@ -208,6 +210,8 @@ def test_train_denoiser_end_to_end(tmp_path):
     assert p.stdout.startswith(f"denoiser checkpoint: {work / 'denoiser'}") and "DnCNN baseline" in p.stderr
     assert store.load(str(work / "denoiser"))[2]["provenance"]["steps"] == 4
     assert store.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
+    assert "Gaussian prior" in p.stderr
+    assert prior.load(str(work / "prior")).rank == denoiser_tiny.get_config().prior_rank
     p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)
     last = p.stderr.splitlines()[-1]
     assert p.returncode == 2 and last.startswith("error: ") and "--extend" in last and "Traceback" not in p.stderr

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from pgla_jax import data
+from pgla_jax.config import DataConfig
 from tests.pgla_jax.conftest import needs_fashion
 
 
@@ -47,6 +48,17 @@ def test_digits_and_skimage_patches():
     # Colour and structure, not flat patches or grey copies.
     assert np.mean(p.images.std(axis=(1, 2, 3))) > 0.05
     assert np.abs(p.images[..., 0] - p.images[..., 2]).mean() > 0.01
+
+
+def test_surrogate_patches_share_no_photo_with_the_private_patches():
+    """The colour denoiser's surrogate data: other photos, labels over every class of the victim."""
+    s = data.surrogate_patches(n=512, seed=0)
+    assert s.images.shape == (512, 32, 32, 3) and s.num_classes == 10 and set(np.unique(s.labels)) == set(range(10))
+    assert 0.0 <= s.images.min() and s.images.max() <= 1.0 and np.mean(s.images.std(axis=(1, 2, 3))) > 0.03
+    private = data.skimage_patches(n=256, seed=0).images.reshape(256, -1)
+    dist = ((s.images.reshape(512, 1, -1)[:64] - private[None]) ** 2).mean(-1)  # no patch is a private one
+    assert dist.min() > 1e-3
+    assert data.load(DataConfig(name="surrogate_patches")).name == "surrogate_patches"
 
 
 def _write_cifar(folder, kind, images_u8, labels):

@@ -1,0 +1,22 @@
+"""The colour victim's denoiser (`patches_lenet`: the DLG LeNet on 32×32×3, 15,826 parameters): the Gaussian prior of
+4,000 surrogate gradients of the attacker's own colour patches (`surrogate_patches`: photos none of the private
+patches come from), fitted in about a minute. The U-Net fields are `denoiser_lenet`'s, for a run with a device;
+on CPU fit the prior alone:
+
+    python -m pgla_jax.train_denoiser --config denoiser_patches --workdir runs/denoiser_patches --prior-only
+
+The shipped pgla_jax/assets/patches32/prior is this command's WORKDIR/prior.
+"""
+
+import dataclasses
+
+from configs.pgla import denoiser_lenet
+from pgla_jax.config import DataConfig, DenoiserConfig, GradientDataConfig, VictimConfig
+
+
+def get_config() -> DenoiserConfig:
+    return dataclasses.replace(
+        denoiser_lenet.get_config(),
+        gradients=GradientDataConfig(victim=VictimConfig(image_shape=(32, 32, 3)),
+                                     data=DataConfig(name="surrogate_patches"), steps=250, per_step=16, lr=1e-3),
+    )
