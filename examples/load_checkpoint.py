@@ -22,6 +22,10 @@ The kinds, and the forward each runs here (B batch, T tokens, D model width, V v
     pgla-denoiser  the diffusion U-Net over encoded gradients: noisy gradient image [B, S, S, 1] and timestep
                    [B] -> predicted noise [B, S, S, 1]
     pgla-dncnn     the DnCNN baseline: noisy gradient image [B, S, S, 1] -> denoised image
+    pgla-gaussian-prior
+                   a Gaussian prior of clean gradients (per layer: mean, top-K directions, their variances, one
+                   variance for the rest): noisy gradient image [B, S, S, 1] and ᾱ [B] -> its closed-form
+                   predicted noise E[ε | x_t] [B, S, S, 1]
 
 Everything computes in float32, whatever dtype the checkpoint stores. Run it::
 
@@ -48,7 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 FORMAT, FORMAT_VERSION = "sage-jax-checkpoint", 1
-KINDS = ("lm", "eagle_head", "vlm", "pgla-denoiser", "pgla-dncnn")
+KINDS = ("lm", "eagle_head", "vlm", "pgla-denoiser", "pgla-dncnn", "pgla-gaussian-prior")
 
 # ============================================================================================ the format
 
@@ -110,6 +114,12 @@ def load_denoiser(path: str) -> tuple[dict, dict]:
 def load_dncnn(path: str) -> tuple[dict, dict]:
     """config: as the denoiser's (the DnCNN reads none of it: its depth is in the params)."""
     return load(path, "pgla-dncnn")
+
+
+def load_prior(path: str) -> tuple[dict, dict]:
+    """config: the DenoiserConfig it was fitted for; params: {"mean" [G], "pad" [2] (mean, variance of the padding),
+    "blocks": {"000": {"vecs" [n, K] (stored float16), "vals" [K], "rest" [], "bounds" [2] (start, stop)}, ...}}."""
+    return load(path, "pgla-gaussian-prior")
 
 
 def n_params(params: dict) -> int:
@@ -489,6 +499,29 @@ def dncnn_forward(params: dict, config: dict, y):
     return y - conv(params["last"], h)
 
 
+def prior_eps(params: dict, x, abar):
+    """E[ε | x_t] for x_t = √ᾱ·x_0 + √(1 − ᾱ)·ε, x_0 ~ N(μ, Σ) per layer with Σ = U diag(λ) Uᵀ + ρ (I − U Uᵀ):
+    √(1 − ᾱ)·(ᾱΣ + (1 − ᾱ)I)⁻¹(x_t − √ᾱ·μ), the padding a scalar Gaussian. x: [B, ...] in a flat layout."""
+    flat = x.reshape(x.shape[0], -1)
+    size = params["mean"].shape[0]
+    a, c = abar[:, None], 1.0 - abar[:, None]
+    r = flat[:, :size] - jnp.sqrt(a) * params["mean"][None]
+    parts, lo = [], 0
+    for key in sorted(params["blocks"]):  # consecutive layers ("bounds" holds each one's [start, stop) too)
+        blk = params["blocks"][key]
+        q, rr = jnp.linalg.qr(blk["vecs"])  # the float16-stored directions, orthonormal again
+        u = q * jnp.sign(jnp.diag(rr))[None]
+        lo, hi = lo, lo + u.shape[0]
+        z = r[:, lo:hi] @ u
+        inside = (z / (a * blk["vals"][None] + c)) @ u.T
+        outside = (r[:, lo:hi] - z @ u.T) / (a * blk["rest"] + c)
+        parts.append(inside + outside)
+        lo = hi
+    mean_pad, var_pad = params["pad"][0], params["pad"][1]
+    parts.append((flat[:, size:] - jnp.sqrt(a) * mean_pad) / (a * var_pad + c))
+    return (jnp.sqrt(c) * jnp.concatenate(parts, axis=1)).reshape(x.shape)
+
+
 # ============================================================================================ the command line
 
 
@@ -555,6 +588,14 @@ def demo(path: str, kind: str, target: str | None) -> tuple[dict, list[tuple[str
         t = jnp.asarray([100.0])
         eps = jax.jit(lambda p, y, s: unet_forward(p, config, y, s))(params, x, t)
         return params, [("predicted noise", eps)]
+
+    if kind == "pgla-gaussian-prior":
+        config, params = load_prior(path)
+        size = params["mean"].shape[0]
+        noisy = params["mean"] + rng.normal(0, 0.05, size)
+        x = encode_gradient(config, jnp.asarray(noisy, jnp.float32))[None]
+        eps = jax.jit(prior_eps)(params, x, jnp.asarray([0.99]))
+        return params, [("predicted noise at ᾱ = 0.99", eps)]
 
     raise ValueError(f"{path}: unknown checkpoint kind {kind!r} (this example knows {', '.join(KINDS)})")
 

@@ -277,6 +277,23 @@ def test_dncnn_matches(ex):
     assert err < RTOL
 
 
+@pytest.mark.parametrize("asset", ["lenet28", "patches32"])
+def test_gaussian_prior_matches(ex, asset):
+    """The shipped Gaussian priors' closed-form noise prediction, at two noise levels."""
+    from pgla_jax.denoise import prior
+
+    path = os.path.join(ROOT, "pgla_jax", "assets", asset, "prior")
+    lib = prior.load(path)
+    config, params = ex.load_prior(path)
+    rng = np.random.default_rng(7)
+    g = jnp.asarray(np.asarray(lib.mean) + rng.normal(0, 0.05, lib.size), jnp.float32)
+    x = jnp.stack([ex.encode_gradient(config, g)] * 2)
+    abar = jnp.asarray([0.99, 0.6])
+    err = rel_err(jax.jit(ex.prior_eps)(params, x, abar), prior.eps(lib, x, abar))
+    print(f"{asset} prior predicted noise {list(x.shape)}: relative error {err:.1e}")
+    assert err < RTOL
+
+
 @pytest.fixture(scope="session")
 def script_env():
     """As a user runs it: one host device, none of the suite's JAX settings."""
