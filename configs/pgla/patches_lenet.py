@@ -1,8 +1,9 @@
 """DLG LeNet on 32×32×3 colour patches of scikit-image's photos (offline, CIFAR-shaped), batch 1, 4,000 L-BFGS
-iterations (300 reach ~9 dB on colour; 4,000 give 27-37 dB, tests/pgla_jax/test_attacks.py). No denoiser is
-trained for this victim, so pass ``--denoiser none``:
+iterations (300 reach ~9 dB on colour; 4,000 give 27-37 dB, tests/pgla_jax/test_attacks.py). The shipped denoiser
+for this victim is the Gaussian prior of pgla_jax/assets/patches32 (`denoiser_patches`; no U-Net), the default
+``--denoiser shipped``:
 
-    python -m pgla_jax.attack --config patches_lenet --denoiser none --images 2 --out runs/patches
+    python -m pgla_jax.attack --config patches_lenet --images 2 --epsilons 1 --out runs/patches
 """
 
 from pgla_jax.config import AttackConfig, DataConfig, ExperimentConfig, ProtectionConfig, VictimConfig
