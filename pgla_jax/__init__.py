@@ -25,11 +25,12 @@ Part 2, the gradient diffusion denoiser (`pgla_jax.denoise`)::
     from pgla_jax.codec import make_codec
     from pgla_jax.denoise import denoisers, store
 
-    dens = denoisers.load(store.shipped_path(), make_codec(params, "image2d", 4))   # U-Net + DnCNN + baselines
+    dens = denoisers.load(store.shipped_path(), make_codec(params, "image2d", 4))   # U-Net, DnCNN, prior, baselines
     plan1 = protections.plan(cfg, epsilon=1.0, batch=1)          # ε = 10 is below the model's first step (t* = 0)
     g_dp1 = protections.protected_grad(graphdef, params, jnp.asarray(x), y1, jax.random.key(0), cfg=cfg,
                                        noise_plan=plan1)
     g_hat, t_star = dens.run("diffusion_ddim", g_dp1, plan1, jax.random.key(2))   # σ_eff → t* = 24, √n·g', DDIM
+    g_hat, t_star = dens.run("prior_ddim", g_dp1, plan1, jax.random.key(2))       # the Gaussian prior's ε instead
 
 Command lines: ``python -m pgla_jax.attack --config mnist_lenet --images 4 --out runs/mnist`` (the shipped denoiser by
 default) and ``python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet``; see
