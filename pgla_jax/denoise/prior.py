@@ -10,9 +10,10 @@ exact ε-model:
 
 Σ is kept per layer (the blocks of `blocks`) as its top-K eigen-directions U, their variances λ and one variance ρ
 for the rest of the layer: Σ = U·diag(λ)·Uᵀ + ρ·(I − U·Uᵀ), so applying (ᾱΣ + (1 − ᾱ)I)⁻¹ is two [n, K] matmuls.
-With `DenoiserConfig.prior_rank` = K > 0 the diffusion model's ε-network is this plus the U-Net, which learns only
-what a Gaussian cannot say (`denoisers`, `train`). Its one-shot x̂₀ with the U-Net at zero is the linear MMSE
-estimate E[g | g'] under the Gaussian (a Wiener filter in the layers' eigenbases).
+K is `DenoiserConfig.prior_rank`; `train_denoiser` fits the prior beside the U-Net. The `prior*` denoiser rows
+(`denoisers`) run the paper's adaptive reverse processes with this ε-model in place of the U-Net's. Its one-shot x̂₀
+is the linear MMSE estimate E[g | g'] under the Gaussian (a Wiener filter in the layers' eigenbases). A U-Net trained
+on what it leaves, ε − ε*, is not built yet.
 
 Only the flat layouts (`image2d`, `vector1d`: the real entries first, in leaf order, then the padding) are
 supported. The padding (the gradient's own mean, `codec`) is modelled as one Gaussian scalar per entry.
