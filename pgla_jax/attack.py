@@ -3,9 +3,9 @@ save PNG grids of the recovered images (OUT/results.md and OUT/results.json too)
 
 `--denoiser CKPT` is a diffusion checkpoint (or a Gaussian prior alone) from `python -m pgla_jax.train_denoiser`
 (default: the one shipped for the victim, for the 28×28 and the 32×32×3 DLG LeNet; `none`: classical baselines
-only). Bad input (unknown config, data path or denoiser, ε ≤ 0,
-batch larger than the data, a checkpoint that does not fit the victim, an existing output file without --force)
-→ one line ``error: ...`` on stderr and exit code 2 (`configs.cli`).
+only). Bad input (unknown config, data path or denoiser, ε ≤ 0, batch larger than the data, a checkpoint that does
+not fit the victim, an existing output file without --force) → one line ``error: ...`` on stderr and exit code 2
+(`configs.cli`).
 """
 
 from __future__ import annotations

@@ -159,8 +159,9 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     `CheckpointError` / `ValueError` (one line) for a checkpoint trained for another victim."""
     if path is None:
         return Denoisers(codec)
-    if checkpoint.read_metadata(path).get("kind") == prior.KIND:  # a prior alone: its rows and the baselines
-        cfg = store.config_from_json(checkpoint.read_metadata(path)["config"])
+    meta = checkpoint.read_metadata(path)
+    if meta.get("kind") == prior.KIND:  # a prior alone: its rows and the baselines
+        cfg = store.config_from_json(meta["config"])
         want = _fitting(store.make_codec(cfg), codec, path)
         return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), path=os.path.abspath(path),
                          prior=_checked_prior(prior.load(path), want, path))
