@@ -257,14 +257,15 @@ class Engine:
         pol = cfg.policy
         key = (pol, self.draft_spec)
         if key not in self._choosers:
-            v_sizes = widths.sizes(pol.n_max + 1, 2, cfg.bucket_ratio)
+            v_sizes = widths.verify_sizes(pol.tree_size, cfg.bucket_ratio, pol.retrieval)
             d_sizes = widths.sizes(pol.frontier, 1, cfg.bucket_ratio)
             desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
             pkey = budget_lib.profile_key(self.cfg, desc, cfg.capacity, v_sizes, d_sizes)
             with self._placed():  # timed as the loops run, on the target's mesh
                 prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
                     self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
-            ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier)
+            ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
+                                          chains=bool(pol.retrieval))
             prior = self.acceptance_prior.get(pol.name)
             if prior and (prior["n_max"], prior["d_cap"]) == (pol.n_max, pol.d_cap):
                 ch.acceptance.add(budget_lib.AcceptanceStats.from_json(prior))
@@ -287,8 +288,9 @@ class Engine:
         arrays in the compiled loop, so any value reuses the compilation (default: the static sizes; a node budget
         of 0 with a retrieval policy verifies its chains alone, and the draft then runs no forward); "auto":
         chosen by `chooser(policy)` from the measured cost profile and the acceptance statistics of earlier calls,
-        which this call then extends (plain autoregressive decoding, reported as budget (0, 0) under the requested
-        policy's name, when no tree is predicted to pay).
+        which this call then extends (when no tree is predicted to pay: a policy with retrieval chains verifies
+        them alone, budget (0, d_cap), gated by `TreePolicy.chains_gate`; any other decodes plainly, reported as
+        budget (0, 0) under the requested policy's name).
 
         A vision-language target also takes `images` / `videos` (one sequence per prompt: PIL images or paths;
         frame arrays [F, H, W, 3] or paths) or prompts given as processor outputs (`VisionLM.inputs`);
@@ -431,7 +433,8 @@ class Engine:
                 "draft_prompt_tokens": sum(lens) if cfg.draft_prompt_len else sum(map(len, vis.ids))}
 
     def _generate_auto(self, batch: _Batch, policy, max_new_tokens, temperature, seed, alpha_init) -> Generation:
-        """`generate(budget="auto")`: the chooser's budget, or plain decoding when no tree is predicted to pay."""
+        """`generate(budget="auto")`: the chooser's budget; where no tree is predicted to pay, the retrieval chains
+        verified alone (a policy with retrieval), else plain decoding."""
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, alpha_init=alpha_init)
         if policy == "ar":
             return self._generate(batch, "ar", budget=None, **kw)

@@ -204,6 +204,8 @@ class AcceptanceStats:
         """Adds one `engine.Stats` (its budget, accepted_at, tau_trace, draft forwards). `accepted_at` counts over a
         batch's rows, so every row's step offered the budget's ranks (`row_steps`)."""
         n_b, _ = stats.budget
+        if n_b == 0:  # the chains alone were verified (`BudgetChooser.chains`): nothing about the draft's ranks
+            return
         self.accepted += np.asarray(stats.accepted_at[: self.n_max + 1], float)
         self.offered[1: n_b + 1] += stats.row_steps
         for t in stats.tau_trace:
@@ -267,6 +269,8 @@ class BudgetChooser:
     min_gain: the predicted speedup a tree must reach to be chosen over plain decoding (timings on a shared
     machine are noisy by a few percent, and a tree that accepts nothing never pays, whatever the timings say);
     acceptance: the statistics so far (a prior measured elsewhere may seed it, `AcceptanceStats.add`);
+    chains: the policy merges retrieval chains, so where no tree pays the chooser verifies them alone (node budget
+    0, gated by `TreePolicy.chains_gate`: a closed gate costs one plain decoding step) instead of decoding plainly;
     choices: budgets chosen.
     """
 
@@ -277,6 +281,7 @@ class BudgetChooser:
     explore_every: int = 16
     min_gain: float = 1.05
     acceptance: AcceptanceStats = None
+    chains: bool = False
     choices: int = 0
 
     def __post_init__(self):
@@ -312,8 +317,9 @@ class BudgetChooser:
         return max(self.candidates(), key=lambda nd: (self.speedup(*nd), -nd[0], -nd[1]))
 
     def choose(self) -> tuple[int, int] | None:
-        """(N, D) for the next request; None when no tree is predicted to beat plain decoding on this device
-        (the caller then decodes autoregressively). Without statistics: the full budget. Every
+        """(N, D) for the next request; where no tree is predicted to beat plain decoding on this device, (0,
+        d_cap) with `chains` (the chains verified alone), else None (the caller then decodes autoregressively).
+        Without statistics: the full budget. Every
         `explore_every`-th request speculates at the best budget even when it does not pay, so that the
         acceptance statistics (and with them the choice) can recover."""
         self.choices += 1
@@ -323,4 +329,4 @@ class BudgetChooser:
         pays = self.expected_tau(*nd) > 0 and self.speedup(*nd) >= self.min_gain
         if pays or (self.explore_every and self.choices % self.explore_every == 0):
             return nd
-        return None
+        return (0, self.d_cap) if self.chains else None

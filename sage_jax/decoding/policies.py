@@ -49,6 +49,9 @@ class TreePolicy:
         measured whether or not the chain was merged, so a closed gate reopens when the text starts copying.
         0 (the default) merges every chain: on the 2-core CPU with the shipped head a gate of 0.3 or 0.5 saved
         no time on chat prompts and cost acceptance on copy-heavy ones (docs/sage.md, "Retrieval gate").
+      chains_gate: the gate at node budget 0, where the prompt-lookup chain is all that is verified: a closed gate
+        then verifies the root alone, which costs one plain decoding step (`widths.verify_sizes`), so free text
+        runs at the speed of plain decoding and copying text at prompt-lookup speed (docs/sage.md). Default 0.5.
       datastore: also merge an L-token chain from a datastore of the target's own answers (`datastore.py`; the
         loop then takes a `Datastore` argument): up to L more nodes again. Needs retrieval = L >= 1; ungated.
     """
@@ -76,6 +79,7 @@ class TreePolicy:
     history_high: float = 3.0
     retrieval: int = 0
     retrieval_gate: float = 0.0
+    chains_gate: float = 0.5
     datastore: bool = False
 
     def __post_init__(self):
@@ -93,8 +97,9 @@ class TreePolicy:
             raise ValueError(f"retrieval chain length must lie in [0, d_cap={self.d_cap}], got {self.retrieval}")
         if self.datastore and not self.retrieval:
             raise ValueError("a datastore chain needs retrieval = L >= 1 (its length)")
-        if not 0.0 <= self.retrieval_gate <= 1.0:
-            raise ValueError(f"retrieval_gate must lie in [0, 1], got {self.retrieval_gate}")
+        for gate in ("retrieval_gate", "chains_gate"):
+            if not 0.0 <= getattr(self, gate) <= 1.0:
+                raise ValueError(f"{gate} must lie in [0, 1], got {getattr(self, gate)}")
         if not 1 <= self.w_min <= self.w_max <= self.top_k:
             raise ValueError(f"need 1 <= w_min <= w_max <= top_k, got {self.w_min}, {self.w_max}, {self.top_k}")
 
@@ -139,6 +144,11 @@ class TreePolicy:
         if self.name == "eagle2":
             return 1 + self.top_k + (self.d_cap - 1) * self.frontier * self.top_k
         return 1 + self.n_max
+
+    @property
+    def gated(self) -> bool:
+        """Whether a row's retrieval chain may be held back by its running precision (either gate above 0)."""
+        return bool(self.retrieval) and (self.retrieval_gate > 0 or self.chains_gate > 0)
 
     @property
     def tree_size(self) -> int:

@@ -307,7 +307,11 @@ def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Data
     if pol.retrieval:
         history, valid, end = _history(s)
         cand, n_cand = retrieval.lookup(history, valid, end, pol.retrieval)
-        n_merged = jnp.where(s.r_score >= pol.retrieval_gate, n_cand, 0) if pol.retrieval_gate > 0 else n_cand
+        if pol.gated:  # the row's gate: chains_gate when its chains are verified alone (node budget 0)
+            gate = jnp.where(s.n_budget == 0, pol.chains_gate, pol.retrieval_gate)
+            n_merged = jnp.where(s.r_score >= gate, n_cand, 0)
+        else:
+            n_merged = n_cand
         tree = retrieval.widen(tree, pol.tree_size - tree.size)
         tree = retrieval.merge(tree, cand, n_merged)
         if pol.datastore:
@@ -358,7 +362,7 @@ def verify(cfg: SpecConfig, target: LM, s: SpecState, tree: Tree, drafter: Draft
     are what `drafter` reads (`Drafter.read` of the target's hidden states or tapped layer inputs)."""
     dc = cfg.policy.d_cap
     n_tree = jnp.max(jnp.sum(tree.valid, 1))  # root included
-    sizes = widths.sizes(tree.size, 2, cfg.bucket_ratio)
+    sizes = widths.verify_sizes(tree.size, cfg.bucket_ratio, cfg.policy.retrieval)
 
     def grow(x, axis=1):  # the node axis, padded back to the tree's static size
         return jnp.pad(x, [(0, tree.size - x.shape[axis]) if i == axis else (0, 0) for i in range(x.ndim)])
@@ -449,7 +453,7 @@ def update_policy(cfg: SpecConfig, s: SpecState, d: Draft, v: Verdict, active: B
     move = jnp.where(full & (mean_tau < pol.history_low), -1, jnp.where(full & (mean_tau > pol.history_high), 1, 0))
     d_max = jnp.clip(s.d_max + move, pol.d_min + 1, pol.d_cap) if pol.history else s.d_max
     r_score = s.r_score
-    if pol.retrieval and pol.retrieval_gate > 0:  # the gate's precision, from what the target committed (merged or not)
+    if pol.gated:  # the gate's precision, from what the target committed (merged or not)
         prec, checked = retrieval.precision(d.cand, d.n_cand, accepted_tokens(cfg, d.tree, v), v.tau + 1)
         r_score = jnp.where(active, retrieval.update_precision(s.r_score, prec, checked), s.r_score)
     return s.replace(alpha=_keep(active, alpha, s.alpha), d_max=_keep(active, d_max, s.d_max),

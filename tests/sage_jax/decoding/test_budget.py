@@ -15,6 +15,11 @@ def test_widths():
     assert widths.sizes(65, 2) == (2, 8, 32, 65)
     assert widths.sizes(11, 1, 2) == (1, 2, 4, 8, 11)
     assert widths.sizes(16, 1, 1) == (16,)
+    # A retrieval policy's verify also runs the root alone (width 1) and root + one whole chain (L + 1).
+    assert widths.verify_sizes(65, 4) == (2, 8, 32, 65)
+    assert widths.verify_sizes(73, 4, 8) == (1, 2, 8, 9, 32, 73)
+    assert widths.verify_sizes(72, 4, 7) == (1, 2, 8, 32, 72)
+    assert widths.verify_sizes(16, 1, 4) == (16,)  # bucketing off
 
 
 def _chooser(verify_ms, accept_p, retrieval=(0, 0)):
@@ -50,6 +55,22 @@ def test_chooser_follows_the_cost_curve():
     marginal = _chooser([1.0, 1.0, 1.0, 1.0], [0.01] + [0.0] * 63)
     marginal.profile.draft_ms, marginal.profile.ar_ms = [0.01] * 3, 1.03
     assert 1.0 < marginal.speedup(*marginal.best()) < marginal.min_gain and marginal.choose() is None
+
+
+def test_chooser_verifies_the_chains_alone_where_no_tree_pays():
+    """With retrieval chains, where no tree pays the chooser verifies the chains alone (node budget 0) instead of
+    decoding plainly, and such a run adds nothing to the draft's rank statistics."""
+    slow = _chooser([10.0, 40.0, 80.0, 160.0], [0.1] + [0.0] * 63)
+    slow.chains, slow.explore_every = True, 0
+    assert slow.choose() == (0, 8)
+    before = slow.acceptance.to_json()
+    chains_run = type("S", (), dict(budget=(0, 8), steps=50, row_steps=50, tau_trace=[3] * 50, draft_forwards=1,
+                                    accepted_at=[0] * 65, retrieval_nodes=300, retrieval_accepted=120))
+    slow.update(chains_run)
+    assert slow.acceptance.to_json() == before
+    flat = _chooser([10.0, 10.0, 10.5, 11.0], [0.6, 0.3, 0.1, 0.05] + [0.02] * 60)
+    flat.chains = True
+    assert flat.choose()[0] == 64  # a tree that pays is still chosen
 
 
 def test_chooser_counts_retrieval_chains():

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sage_jax.decoding import retrieval
+from sage_jax.decoding import retrieval, widths
 from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.tree import Tree
@@ -111,6 +111,28 @@ def test_gate_and_accounting(engine):
     assert 0 < merged[1] <= merged[0]
     with pytest.raises(ValueError, match="retrieval_gate"):
         TreePolicy.sage(retrieval=4, retrieval_gate=1.5)
+
+
+def test_chains_alone_are_gated_down_to_the_root(engine):
+    """Node budget 0 verifies the chains alone; `chains_gate` holds a row's chain back while its precision is low,
+    and the step then verifies the root alone at width 1 (a plain decoding step), never the 2-row bucket. Every
+    gate gives AR's output; an open gate (0) merges a chain at every step that finds one."""
+    prompts = [[3, 4, 5, 6, 7, 8, 3, 4, 5], [9, 10, 11, 12, 9, 10]]
+    ref = engine.generate(prompts, policy="ar", max_new_tokens=40).token_ids
+    assert widths.verify_sizes(1 + 16 + 6, 4, 6) == (1, 2, 7, 8, 23)
+    runs = {}
+    for gate in (0.0, 1.0):
+        policy = TreePolicy.sage(n_max=16, frontier=4, retrieval=6, chains_gate=gate)
+        out = engine.generate(prompts, policy=policy, max_new_tokens=40, budget=(0, policy.d_cap))
+        assert out.token_ids == ref, gate
+        runs[gate] = out.stats
+    shut, open_ = runs[1.0], runs[0.0]
+    # Gate 1: the chains start trusted (precision 1) and close at their first imperfect check, for good.
+    assert shut.retrieval_steps < open_.retrieval_steps and shut.retrieval_steps < shut.row_steps
+    # Each step's verify width: 1 where the chain was held back, so the widths sum to fewer than 2 per step.
+    assert shut.verify_width < 2 * shut.steps <= open_.verify_width
+    with pytest.raises(ValueError, match="chains_gate"):
+        TreePolicy.sage(retrieval=4, chains_gate=-0.1)
 
 
 @pytest.mark.slow
