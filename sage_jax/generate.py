@@ -76,8 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "tree (copy-heavy prompts: rewrite, fix this code; 0 = off, at most the policy's depth cap)")
     arg("--datastore", action="store_true", help="also merge a chain from the draft's datastore of the target's own "
         "answers (`build_datastore`; the shipped head has one); --retrieval L sets its length too (default 8)")
-    arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; plain decoding when "
-        "no tree pays), static (the policy's full tree) or NODES,DEPTH")
+    arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; where no tree pays, "
+        "plain decoding, or with --retrieval the chain verified alone while it keeps being right), static (the "
+        "policy's full tree) or NODES,DEPTH")
     arg("--max-new-tokens", type=int, metavar="N", default=128)
     arg("--temperature", type=float, metavar="T", default=0.0, help="0 = greedy")
     arg("--top-k", type=int, metavar="K", default=0, help="0 = all tokens")

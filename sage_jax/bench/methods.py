@@ -45,10 +45,12 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), da
            Method("static", "ours", static, budget=None),
            Method("eagle2", "ours", TreePolicy.eagle2(), budget=budget),
            Method("sage", "ours", TreePolicy.sage(), budget=budget),
-           # SAGE with an 8-token prompt-lookup chain merged into its trees (decoding/retrieval.py)
-           Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=8), budget=budget),
-           # a prompt-lookup chain alone (node budget 0: no draft node, no draft forward; root + 7 tokens fit the
-           # 8-row verify bucket): prompt-lookup decoding inside our loop
+           # SAGE with a 7-token prompt-lookup chain merged into its trees (decoding/retrieval.py); where no tree
+           # pays, --budget auto verifies the chain alone (root + 7 tokens: the 8-row verify bucket)
+           Method("sage-retrieval", "ours", TreePolicy.sage(retrieval=7), budget=budget),
+           # the chain alone at every step (node budget 0: no draft node, no draft forward), gated by its running
+           # precision (`TreePolicy.chains_gate`; a closed gate verifies the root alone): prompt-lookup decoding
+           # inside our loop
            Method("chains-only", "ours", TreePolicy.sage(retrieval=7), budget=(0, TreePolicy.sage().d_cap)),
            # ... and a second chain from the datastore of the target's own answers (decoding/datastore.py)
            *([Method("sage-datastore", "ours", TreePolicy.sage(retrieval=8, datastore=True), budget=budget),
