@@ -264,8 +264,9 @@ class Engine:
             with self._placed():  # timed as the loops run, on the target's mesh
                 prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
                     self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
+            # The datastore chain is ungated, so with it the chains alone are no cheap fallback.
             ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
-                                          chains=bool(pol.retrieval))
+                                          chains=bool(pol.retrieval) and not pol.datastore)
             prior = self.acceptance_prior.get(pol.name)
             if prior and (prior["n_max"], prior["d_cap"]) == (pol.n_max, pol.d_cap):
                 ch.acceptance.add(budget_lib.AcceptanceStats.from_json(prior))
@@ -288,9 +289,9 @@ class Engine:
         arrays in the compiled loop, so any value reuses the compilation (default: the static sizes; a node budget
         of 0 with a retrieval policy verifies its chains alone, and the draft then runs no forward); "auto":
         chosen by `chooser(policy)` from the measured cost profile and the acceptance statistics of earlier calls,
-        which this call then extends (when no tree is predicted to pay: a policy with retrieval chains verifies
-        them alone, budget (0, d_cap), gated by `TreePolicy.chains_gate`; any other decodes plainly, reported as
-        budget (0, 0) under the requested policy's name).
+        which this call then extends (when no tree is predicted to pay: a policy with a prompt-lookup chain and
+        no datastore verifies it alone, budget (0, d_cap), gated by `TreePolicy.chains_gate`; any other decodes
+        plainly, reported as budget (0, 0) under the requested policy's name).
 
         A vision-language target also takes `images` / `videos` (one sequence per prompt: PIL images or paths;
         frame arrays [F, H, W, 3] or paths) or prompts given as processor outputs (`VisionLM.inputs`);

@@ -11,8 +11,9 @@ A chain costs verify width whether or not it is accepted, and on free text the l
 earlier unigram. So each row keeps the running precision of its chains (`precision`: how much of each chain's
 leading run the target committed, measured after every step even when the chain was not merged) and merges its
 chain only while that precision reaches the policy's `retrieval_gate`: on for a row that is copying, off (at no
-cost) for one that is not, and back on within a step or two when it starts. The default gate is 0 (every chain
-merged), which measured best on this CPU; a gate pays where extra verify width costs more than it does here.
+cost) for one that is not, and back on within a step or two when it starts. Beside a draft tree the default gate
+is 0 (every chain merged), which measured best on this CPU; verified alone (node budget 0) a chain is gated at
+`TreePolicy.chains_gate` (0.5), since there a held-back chain leaves the root alone, a plain decoding step.
 """
 
 from __future__ import annotations
