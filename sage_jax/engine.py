@@ -434,8 +434,8 @@ class Engine:
                 "draft_prompt_tokens": sum(lens) if cfg.draft_prompt_len else sum(map(len, vis.ids))}
 
     def _generate_auto(self, batch: _Batch, policy, max_new_tokens, temperature, seed, alpha_init) -> Generation:
-        """`generate(budget="auto")`: the chooser's budget; where no tree is predicted to pay, the retrieval chains
-        verified alone (a policy with retrieval), else plain decoding."""
+        """`generate(budget="auto")`: the chooser's budget; where no tree is predicted to pay, the prompt-lookup
+        chain verified alone (`BudgetChooser.chains`: retrieval without a datastore), else plain decoding."""
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, alpha_init=alpha_init)
         if policy == "ar":
             return self._generate(batch, "ar", budget=None, **kw)
