@@ -36,6 +36,13 @@ def read_answers(path: str) -> list[tuple[list[int], list[int]]]:
     return [rows[i] for i in sorted(rows)]
 
 
+def training_prompts(n: int) -> list[tuple[str, str]]:
+    """The (kind, text) of the first `n` prompts the target answers: training-split WordNet prompts, "extended"."""
+    from sage_jax.training import wordnet
+
+    return wordnet.build_prompts(n, "train", style="extended")
+
+
 def _main(argv: list[str] | None) -> int:
     ap = cli.Parser(prog="python -m sage_jax.build_datastore", description=__doc__.splitlines()[0].split(": ", 1)[1])
     ap.add_argument("--answers", type=int, default=4096, help="training prompts the target answers")
@@ -56,11 +63,10 @@ def _main(argv: list[str] | None) -> int:
     from tqdm import tqdm
 
     from sage_jax.decoding import datastore
-    from sage_jax.training import wordnet
 
     path = os.path.join(args.workdir, "answers.jsonl")
     have = read_answers(path)
-    prompts = [t for _, t in wordnet.build_prompts(args.answers, "train", style="extended")]
+    prompts = [t for _, t in training_prompts(args.answers)]
     todo = list(range(len(have), len(prompts)))
     if todo:
         from sage_jax.engine import load_engine

@@ -105,10 +105,12 @@ def _blocks(c: DraftRecipe) -> list[tuple[str, str, list[tuple[str, str]]]]:
 def make_data(c: DraftRecipe, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
     """The self-distillation data: the target's greedy answers with its features, per block (`_blocks`), generated
     in shards of `shard_rows` (finished shards and blocks are kept, so an interrupted run resumes), then merged.
-    Returns (train, heldout); the training blocks are concatenated."""
+    Returns (train, heldout); the training blocks are concatenated (train is None with `data.rollouts` off)."""
     lm_t = None
     out: dict[str, list[dict]] = {"train": [], "heldout": []}
     for name, split, pairs in _blocks(c):
+        if split == "train" and not c.data.rollouts:
+            continue
         prefix = os.path.join(workdir, "data", name)
         if not ddata.exists(prefix):
             lm_t = lm_t or target.serving()
@@ -117,6 +119,9 @@ def make_data(c: DraftRecipe, target: Decoder, tok, workdir: str, log=_log) -> t
         else:
             log(f"[data] {name}: reusing {prefix}")
         out[split].append(ddata.load(prefix))
+    if not out["train"]:
+        log(f"[data] no rollouts to train on (data.rollouts=False), {len(out['heldout'][0]['tokens'])} held-out rows")
+        return None, out["heldout"][0]
     train_data = out["train"][0] if len(out["train"]) == 1 else {
         k: np.concatenate([d[k] for d in out["train"]]) for k in out["train"][0]}
     log(f"[data] {len(train_data['tokens'])} training rows, {len(out['heldout'][0]['tokens'])} held-out rows")
@@ -178,10 +183,40 @@ def _row_meta(data) -> dict[str, np.ndarray]:
     return data.arrays(("tokens", "lengths", "answer_start"))
 
 
-def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict, heldout: dict, workdir: str, log=_log):
-    """The self-distillation rows (and `data.corpus_rows` teacher-forced corpus rows) through the target once more,
-    for the features the head reads (`eagle.taps`), into WORKDIR/shards/ (`features.py`; resumable). Returns
-    (training rows as a `ShardSource`, held-out rows as arrays)."""
+def answer_rows(c: DraftRecipe, tok, pad_id: int) -> dict[str, np.ndarray]:
+    """`data.answers` (an answers.jsonl of `build_datastore`) as rows in the `data.py` layout, sorted by length:
+    prompt ids + the target's greedy answer. Prompts of the recipe's own blocks (which a head continued by
+    `eagle.init_from` already learned) and prompts longer than `max_prompt_tokens` are dropped. Each line's prompt
+    ids are checked against `build_datastore.training_prompts`, so the rows' kinds and texts are known."""
+    from sage_jax.build_datastore import read_answers, training_prompts
+
+    have = read_answers(c.data.answers)
+    if not have:
+        raise ValueError(f"{c.data.answers} holds no answers (make it with python -m sage_jax.build_datastore)")
+    own = {t for _, _, pairs in _blocks(c) for _, t in pairs}
+    rows = []
+    for (kind, text), (p, a) in zip(training_prompts(len(have)), have, strict=True):
+        if ddata.encode(tok, text, 0) != p:
+            raise ValueError(f"{c.data.answers}: a prompt differs from build_datastore's training prompts")
+        if text not in own and len(p) <= c.data.max_prompt_tokens:
+            rows.append((ddata.ALL_KINDS.index(kind), p + a, len(p)))
+    if not rows:
+        raise ValueError(f"every answer of {c.data.answers} is to one of the recipe's own prompts")
+    rows.sort(key=lambda r: len(r[1]))
+    length = -(-max(len(ids) for _, ids, _ in rows) // 32) * 32
+    out = {"tokens": np.full((len(rows), length), pad_id, np.int32)}
+    out.update({k: np.zeros((len(rows),), np.int32) for k in ("lengths", "answer_start", "kind")})
+    for r, (kind, ids, n_prompt) in enumerate(rows):
+        out["tokens"][r, : len(ids)] = ids
+        out["lengths"][r], out["answer_start"][r], out["kind"][r] = len(ids), n_prompt, kind
+    return out
+
+
+def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict | None, heldout: dict, workdir: str,
+                   log=_log):
+    """The self-distillation rows (and `data.corpus_rows` teacher-forced corpus rows, and `data.answers`' rows)
+    through the target once more, for the features the head reads (`eagle.taps`), into WORKDIR/shards/
+    (`features.py`; resumable). Returns (training rows as a `ShardSource`, held-out rows as arrays)."""
     from sage_jax.training import features
 
     lm_t = target.serving()
@@ -189,11 +224,16 @@ def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict, heldo
     taps, dd = tuple(c.eagle.taps), c.data
     strip = lambda d: {k: np.asarray(v) for k, v in d.items() if k != "features"}  # noqa: E731
     kw = dict(taps=taps, batch=dd.feature_batch, log=log)
-    paths = features.write_shards(lm_t, strip(train_data), directory, "train", **kw)
+    paths = [] if train_data is None else features.write_shards(lm_t, strip(train_data), directory, "train", **kw)
+    if (dd.corpus_rows or dd.answers) and tok is None:
+        raise ValueError("data.corpus_rows and data.answers need a target with a tokenizer")
+    if dd.answers:
+        rows = answer_rows(c, tok, target.cfg.pad_token_id)
+        log(f"[data] {dd.answers}: {len(rows['tokens'])} answers to train on, "
+            f"{int(np.sum(rows['lengths'] - rows['answer_start']))} answer tokens")
+        paths += features.write_shards(lm_t, rows, directory, "answers", **kw)
     if dd.corpus_rows:
-        if tok is None:
-            raise ValueError("data.corpus_rows needs a target with a tokenizer")
-        length = train_data["tokens"].shape[1]
+        length = (heldout if train_data is None else train_data)["tokens"].shape[1]
         rows = features.corpus_rows(tok, "train", dd.corpus_rows, length, seed=c.seed,
                                     pad_id=target.cfg.pad_token_id, eos_id=target.cfg.eos_token_ids[0])
         paths += features.write_shards(lm_t, rows, directory, "corpus", **kw)
@@ -232,6 +272,9 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
         vpath = os.path.join(workdir, "vocab.npy")
         if os.path.exists(vpath):
             vocab_ids = np.load(vpath)
+        elif c.eagle.init_from:  # a continued head keeps its vocabulary (`_eagle_init` checks its size)
+            vocab_ids = np.asarray(store.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
+            np.save(vpath, vocab_ids)
         else:
             rows = [r[: n] for r, n in zip(meta["tokens"], meta["lengths"], strict=True)]
             vocab_ids = top_ids(rows, c.vocab_size, tcfg.vocab_size, always=tcfg.eos_token_ids)
@@ -279,7 +322,19 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
 
 
 def _eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfig, dict]:
-    """The head's config and its parameters before training (an own LM head warm-started from the target's)."""
+    """The head's config and its parameters before training (an own LM head warm-started from the target's), or
+    those of `eagle.init_from`, checked against the recipe."""
+    if c.eagle.init_from:
+        hcfg, p0, ids, meta = store.load_head(c.eagle.init_from, dtype="float32")
+        problems = [what for what, bad in (
+            ("taps", store.head_taps(meta) != tuple(c.eagle.taps)),
+            ("vocabulary", (0 if ids is None else len(ids)) != (0 if vocab_ids is None else len(vocab_ids))
+             or (ids is not None and not np.array_equal(ids, vocab_ids))),
+            ("own LM head", ("lm_head" in p0) != c.eagle.own_head),
+            ("target width", hcfg.d_model != tcfg.d_model)) if bad]
+        if problems:
+            raise ValueError(f"eagle.init_from {c.eagle.init_from}: its {', '.join(problems)} differ from the recipe's")
+        return hcfg, jax.tree.map(np.asarray, p0)
     hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
     own = len(vocab_ids) if c.eagle.own_head else 0
     p0 = eagle_head.init_params(hcfg, c.eagle.train.seed, n_taps=len(c.eagle.taps), head_vocab=own)

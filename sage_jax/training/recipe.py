@@ -50,6 +50,12 @@ class DataConfig:
     max_new_tokens: int = 32  # answer length
     max_prompt_tokens: int = 32  # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
     corpus_rows: int = 0  # + this many teacher-forced rows of corpus text in the assistant turn (`features.py`)
+    # An answers.jsonl of `python -m sage_jax.build_datastore`: the target's greedy answers to its training prompts
+    # become teacher-forced rows (`pipeline.answer_rows`; those whose prompt is one of the recipe's own dropped).
+    answers: str = ""
+    # False: the recipe's training prompts are not answered (a head continued by `eagle.init_from` already learned
+    # them); they only keep `answers` from repeating them. The held-out block is still generated.
+    rollouts: bool = True
     feature_batch: int = 8  # rows per teacher-forced target forward
 
 
@@ -61,6 +67,7 @@ class EagleConfig:
     taps: tuple[int, ...] = ()  # EAGLE-3-style: fuse the inputs of these target layers (() = its last hidden state)
     own_head: bool = False  # a trainable final norm + LM head over the reduced vocabulary (warm-started)
     chain_depth: int = 5  # the held-out greedy chain that the summary reports
+    init_from: str = ""  # a head checkpoint to continue training from (its vocabulary and taps must be the recipe's)
     train: TrainConfig = TrainConfig()
 
 
@@ -101,12 +108,14 @@ class DraftRecipe:
             raise ValueError(f"data.extra_general_seeds repeats the recipe's own seed {self.seed}")
         if self.eagle.own_head and not self.vocab_size:
             raise ValueError("eagle.own_head needs a reduced vocabulary (vocab_size > 0)")
+        if not self.data.rollouts and not (self.data.answers or self.data.corpus_rows):
+            raise ValueError("data.rollouts=False needs training rows from data.answers or data.corpus_rows")
 
     @property
     def sharded(self) -> bool:
         """Whether the data goes through teacher-forced feature shards (`features.py`): needed for tapped
-        features and for corpus rows."""
-        return bool(self.eagle.taps) or self.data.corpus_rows > 0
+        features, corpus rows and answer rows."""
+        return bool(self.eagle.taps) or self.data.corpus_rows > 0 or bool(self.data.answers) or not self.data.rollouts
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -315,6 +315,64 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
         dataclasses.replace(c, data=dataclasses.replace(c.data, n_general=0))
 
 
+def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smollm2, tmp_path):
+    """`data.answers`: build_datastore's answers become rows (prompt ids + answer), the recipe's own prompts are
+    dropped, kinds come from the prompts, and an answers file of other prompts is refused."""
+    if not wordnet.available():
+        pytest.skip("wordnet-base not installed")
+    import json
+
+    from configs.sage import smollm2_eagle_chat3
+    from sage_jax.build_datastore import training_prompts
+    from sage_jax.training import pipeline
+
+    cfg, _, tok, _ = smollm2
+    prompts = training_prompts(6)
+    path = tmp_path / "answers.jsonl"
+    lines = [{"i": i, "prompt": data.encode(tok, t, 0), "answer": [100 + i, 7, 2]} for i, (_, t) in enumerate(prompts)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    c = smollm2_eagle_chat3.get_config()
+    c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_train=0, n_general=2,
+                                                        extra_general_seeds=()))
+    own = {t for _, t in pipeline._blocks(c)[0][2]}
+    assert own == {t for _, t in prompts[:2]}  # the recipe's first WordNet prompts are build_datastore's first
+    rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
+    assert len(rows["tokens"]) == 4
+    for r in range(4):
+        n, a = rows["lengths"][r], rows["answer_start"][r]
+        i = rows["tokens"][r, a] - 100
+        assert 2 <= i < 6 and list(rows["tokens"][r, :n]) == lines[i]["prompt"] + lines[i]["answer"]
+        assert data.ALL_KINDS[rows["kind"][r]] == prompts[i][0] and np.all(rows["tokens"][r, n:] == cfg.pad_token_id)
+    lines[3]["prompt"] = lines[3]["prompt"][:-1]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(ValueError, match="differs from build_datastore's training prompts"):
+        pipeline.answer_rows(c, tok, cfg.pad_token_id)
+    with pytest.raises(ValueError, match="needs training rows"):
+        dataclasses.replace(c, data=dataclasses.replace(c.data, answers=""))
+
+
+def test_init_from_continues_a_head_and_refuses_one_that_does_not_fit(target, tmp_path):
+    from configs.sage import tiny
+    from sage_jax.training import pipeline
+
+    c = tiny.get_config()
+    tcfg = target.cfg
+    vocab = np.arange(2, 2 + 40, dtype=np.int32)
+    c = dataclasses.replace(c, vocab_size=40)
+    hcfg, p0 = pipeline._eagle_init(c, tcfg, target.serving(), vocab)
+    p0 = jax.tree.map(lambda x: np.asarray(x) + 0.5, p0)  # not what a fresh init gives
+    path = store.save_head(str(tmp_path / "head"), hcfg, p0, target_cfg=tcfg, vocab_ids=vocab)
+    cont = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, init_from=path))
+    hcfg2, p1 = pipeline._eagle_init(cont, tcfg, target.serving(), vocab)
+    assert hcfg2 == hcfg
+    jax.tree.map(np.testing.assert_array_equal, p1, p0)
+    with pytest.raises(ValueError, match="vocabulary differ"):
+        pipeline._eagle_init(cont, tcfg, target.serving(), vocab[::-1])
+    with pytest.raises(ValueError, match="taps differ"):
+        pipeline._eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
+                             target.serving(), vocab)
+
+
 def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "sage_jax.train_draft", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=600, **kw)
