@@ -22,6 +22,7 @@ from sage_jax.training.recipe import DraftRecipe
 def get_config() -> DraftRecipe:
     c = smollm2_eagle_chat2.get_config()
     return dataclasses.replace(
-        c, data=dataclasses.replace(c.data, rollouts=False, answers="runs/datastore/answers.jsonl"),
+        c, data=dataclasses.replace(c.data, rollouts=False, answers="runs/datastore/answers.jsonl",
+                                        n_answers=4096),
         eagle=dataclasses.replace(c.eagle, init_from="runs/smollm2_eagle_chat2/eagle_head", train=dataclasses.replace(
             c.eagle.train, steps=800, lr=1e-3, warmup=20, eval_every=200, ckpt_every=50)))

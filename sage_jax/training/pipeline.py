@@ -184,15 +184,18 @@ def _row_meta(data) -> dict[str, np.ndarray]:
 
 
 def answer_rows(c: DraftRecipe, tok, pad_id: int) -> dict[str, np.ndarray]:
-    """`data.answers` (an answers.jsonl of `build_datastore`) as rows in the `data.py` layout, sorted by length:
-    prompt ids + the target's greedy answer. Prompts of the recipe's own blocks (which a head continued by
-    `eagle.init_from` already learned) and prompts longer than `max_prompt_tokens` are dropped. Each line's prompt
-    ids are checked against `build_datastore.training_prompts`, so the rows' kinds and texts are known."""
+    """`data.answers` (an answers.jsonl of `build_datastore`; its first `data.n_answers`) as rows in the `data.py`
+    layout, sorted by length: prompt ids + the target's greedy answer. Prompts of the recipe's own blocks (which a
+    head continued by `eagle.init_from` already learned) and prompts longer than `max_prompt_tokens` are dropped.
+    Each line's prompt ids are checked against `build_datastore.training_prompts`, so the rows' kinds and texts
+    are known."""
     from sage_jax.build_datastore import read_answers, training_prompts
 
-    have = read_answers(c.data.answers)
-    if not have:
-        raise ValueError(f"{c.data.answers} holds no answers (make it with python -m sage_jax.build_datastore)")
+    have, n = read_answers(c.data.answers), c.data.n_answers
+    if not have or len(have) < n:
+        raise ValueError(f"{c.data.answers} holds {len(have)} answers, the recipe reads {n or 'any'} (make them with "
+                         f"python -m sage_jax.build_datastore --answers {n or 4096})")
+    have = have[:n] if n else have
     own = {t for _, _, pairs in _blocks(c) for _, t in pairs}
     rows = []
     for (kind, text), (p, a) in zip(training_prompts(len(have)), have, strict=True):

@@ -53,6 +53,7 @@ class DataConfig:
     # An answers.jsonl of `python -m sage_jax.build_datastore`: the target's greedy answers to its training prompts
     # become teacher-forced rows (`pipeline.answer_rows`; those whose prompt is one of the recipe's own dropped).
     answers: str = ""
+    n_answers: int = 0  # its first this many answers (0: all), so a recipe reads the same rows from a grown file
     # False: the recipe's training prompts are not answered (a head continued by `eagle.init_from` already learned
     # them); they only keep `answers` from repeating them. The held-out block is still generated.
     rollouts: bool = True
@@ -110,6 +111,8 @@ class DraftRecipe:
             raise ValueError("eagle.own_head needs a reduced vocabulary (vocab_size > 0)")
         if not self.data.rollouts and not (self.data.answers or self.data.corpus_rows):
             raise ValueError("data.rollouts=False needs training rows from data.answers or data.corpus_rows")
+        if self.data.n_answers < 0 or (self.data.n_answers and not self.data.answers):
+            raise ValueError("data.n_answers needs data.answers and must be >= 0")
 
     @property
     def sharded(self) -> bool:

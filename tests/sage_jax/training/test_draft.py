@@ -333,7 +333,7 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     c = smollm2_eagle_chat3.get_config()
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_train=0, n_general=2,
-                                                        extra_general_seeds=()))
+                                                        extra_general_seeds=(), n_answers=0))
     own = {t for _, t in pipeline._blocks(c)[0][2]}
     assert own == {t for _, t in prompts[:2]}  # the recipe's first WordNet prompts are build_datastore's first
     rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
@@ -343,6 +343,13 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
         i = rows["tokens"][r, a] - 100
         assert 2 <= i < 6 and list(rows["tokens"][r, :n]) == lines[i]["prompt"] + lines[i]["answer"]
         assert data.ALL_KINDS[rows["kind"][r]] == prompts[i][0] and np.all(rows["tokens"][r, n:] == cfg.pad_token_id)
+    first5 = pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=5)), tok,
+                                  cfg.pad_token_id)  # a grown file gives a recipe the same rows
+    firsts = sorted(int(first5["tokens"][r, first5["answer_start"][r]]) for r in range(len(first5["tokens"])))
+    assert firsts == [102, 103, 104]
+    with pytest.raises(ValueError, match="holds 6 answers, the recipe reads 7"):
+        pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=7)), tok,
+                             cfg.pad_token_id)
     lines[3]["prompt"] = lines[3]["prompt"][:-1]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     with pytest.raises(ValueError, match="differs from build_datastore's training prompts"):
