@@ -72,7 +72,7 @@ def default_target() -> str:
     return path
 
 
-# The EAGLE-style head trained for the default target by `configs/sage/smollm2_eagle_chat3.py` (issues 4, 19), shipped
+# The EAGLE-style head trained for the default target by `configs/sage/smollm2_eagle_chat4.py` (issues 4, 19), shipped
 # in the package so that `python -m sage_jax.generate` speculates out of the box.
 DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
 
