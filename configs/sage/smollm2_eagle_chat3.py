@@ -1,4 +1,5 @@
-"""The shipped head: `smollm2_eagle_chat2`'s head trained 800 steps more on new data that cost no decoding of its
+"""The start of the shipped head (`smollm2_eagle_chat4`):
+`smollm2_eagle_chat2`'s head trained 800 steps more on new data that cost no decoding of its
 own, the target's greedy answers that `build_datastore` made for the shipped datastore (4,096 training-split WordNet
 prompts, 96 new tokens). Answers to prompts already in chat2's data are dropped (1,901), the other 2,195 (157k answer
 tokens) are teacher-forced for their features (`data.answers`; ~10 min on the 2-core CPU), and the head continues
