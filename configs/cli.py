@@ -168,6 +168,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return tuple(_coerce(v, a, key) for v, a in zip(value, args))
     if hint is float and type(value) is int:
         return float(value)
+    if hint is bool and isinstance(value, str) and value.lower() in ("true", "false"):  # as a shell user writes it
+        return value.lower() == "true"
     if dataclasses.is_dataclass(hint):
         raise BadInput(f"--set {key}: a group of settings; set one of its fields ({key}.<field>=...)")
     ok = type(value) is hint if hint in (int, float, str, bool) else (not isinstance(hint, type)

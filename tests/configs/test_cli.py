@@ -39,6 +39,7 @@ def test_override_parses_values_by_field_type():
     assert cli.override(c, "mode=slow").mode == "slow"
     assert cli.override(c, "limit=None").limit is None and cli.override(c, "limit=4").limit == 4
     assert cli.override(c, "flag=True").flag is True
+    assert cli.override(c, "flag=true").flag is True and cli.override(c, "flag=FALSE").flag is False
     assert c == Outer()  # frozen: a new config every time
 
 
@@ -48,6 +49,7 @@ def test_override_parses_values_by_field_type():
     ("inner.steps=abc", "expected int"),
     ("inner.steps=1.5", "expected int"),
     ("flag=1", "expected bool"),
+    ("flag=yes", "expected bool"),
     ("kinds=z", "not one of"),
     ("mode=medium", "not one of"),
     ("inner=3", "group of settings"),
