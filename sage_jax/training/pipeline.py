@@ -326,17 +326,23 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
 
 def _eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfig, dict]:
     """The head's config and its parameters before training (an own LM head warm-started from the target's), or
-    those of `eagle.init_from`, checked against the recipe."""
+    those of `eagle.init_from`, checked against the recipe. A head continued without an own LM head may gain one
+    (`eagle.own_head`): warm-started from the target's rows, it starts as exactly the head it continues, so what
+    training the LM head adds is measured on its own; dropping an own head is refused (it would lose training)."""
     if c.eagle.init_from:
         hcfg, p0, ids, meta = store.load_head(c.eagle.init_from, dtype="float32")
         problems = [what for what, bad in (
             ("taps", store.head_taps(meta) != tuple(c.eagle.taps)),
             ("vocabulary", (0 if ids is None else len(ids)) != (0 if vocab_ids is None else len(vocab_ids))
              or (ids is not None and not np.array_equal(ids, vocab_ids))),
-            ("own LM head", ("lm_head" in p0) != c.eagle.own_head),
+            ("own LM head", "lm_head" in p0 and not c.eagle.own_head),
             ("target width", hcfg.d_model != tcfg.d_model)) if bad]
         if problems:
             raise ValueError(f"eagle.init_from {c.eagle.init_from}: its {', '.join(problems)} differ from the recipe's")
+        if c.eagle.own_head and "lm_head" not in p0:
+            d = hcfg.d_model
+            p0 = eagle_head.warm_start({**p0, "lm_head": np.zeros((d, len(vocab_ids)), np.float32)}, vocab_ids,
+                                       lm_t.embed, lm_t.final_norm, lm_t.lm_head)
         return hcfg, jax.tree.map(np.asarray, p0)
     hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
     own = len(vocab_ids) if c.eagle.own_head else 0

@@ -358,7 +358,7 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
         dataclasses.replace(c, data=dataclasses.replace(c.data, answers=""))
 
 
-def test_init_from_continues_a_head_and_refuses_one_that_does_not_fit(target, tmp_path):
+def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_does_not_fit(target, tmp_path):
     from configs.sage import tiny
     from sage_jax.training import pipeline
 
@@ -377,6 +377,28 @@ def test_init_from_continues_a_head_and_refuses_one_that_does_not_fit(target, tm
         pipeline._eagle_init(cont, tcfg, target.serving(), vocab[::-1])
     with pytest.raises(ValueError, match="taps differ"):
         pipeline._eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
+                             target.serving(), vocab)
+
+    # Gaining an own LM head: warm-started from the target's rows, so the continued head computes what it did.
+    own = dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, own_head=True))
+    _, p2 = pipeline._eagle_init(own, tcfg, target.serving(), vocab)
+    voc = DraftVocab.build(vocab, target.serving().embed, target.serving().lm_head)
+    np.testing.assert_array_equal(p2["lm_head"], voc.head)
+    np.testing.assert_array_equal(p2["final_norm"], target.serving().final_norm)
+    jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in p2.items() if k not in ("lm_head", "final_norm")},
+                 p0)
+    feats, tokens = jnp.ones((1, 5, tcfg.d_model)), jnp.asarray([[2, 3, 4, 5, 6]], jnp.int32)
+    pos, mask = jnp.arange(5)[None], layers.causal_mask(5, jnp.zeros((1,), jnp.int32))
+    lm_t = target.serving()
+    before, _, _ = eagle_head.eagle_forward(p0, hcfg, lm_t.embed, lm_t.final_norm, lm_t.lm_head, tokens, feats, pos,
+                                            mask, vocab=voc)
+    after, _, _ = eagle_head.eagle_forward(p2, hcfg, lm_t.embed, lm_t.final_norm, lm_t.lm_head, tokens, feats, pos,
+                                           mask, vocab=voc.replace(head=jnp.asarray(p2["lm_head"])))
+    np.testing.assert_array_equal(after, before)
+    # ... but dropping one is refused: its training would be lost.
+    path2 = store.save_head(str(tmp_path / "own"), hcfg, p2, target_cfg=tcfg, vocab_ids=vocab)
+    with pytest.raises(ValueError, match="own LM head differ"):
+        pipeline._eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
                              target.serving(), vocab)
 
 
