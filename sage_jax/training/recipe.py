@@ -68,7 +68,9 @@ class EagleConfig:
     taps: tuple[int, ...] = ()  # EAGLE-3-style: fuse the inputs of these target layers (() = its last hidden state)
     own_head: bool = False  # a trainable final norm + LM head over the reduced vocabulary (warm-started)
     chain_depth: int = 5  # the held-out greedy chain that the summary reports
-    init_from: str = ""  # a head checkpoint to continue training from (its vocabulary and taps must be the recipe's)
+    # A head checkpoint to continue training from: its vocabulary and taps must be the recipe's; a head without an
+    # own LM head may gain one (`own_head`, warm-started from the target's rows, so it starts as that head).
+    init_from: str = ""
     train: TrainConfig = TrainConfig()
 
 
