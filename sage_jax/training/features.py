@@ -82,12 +82,13 @@ def write_shards(model: LM, rows: dict[str, np.ndarray], directory: str, name: s
     Returns the shard paths in order."""
     n, t = rows["tokens"].shape
     shard_rows = max(batch, shard_rows // batch * batch)
+    z = model.cfg.d_model * max(1, len(taps))  # the features' width
     os.makedirs(directory, exist_ok=True)
     paths, t0, done_tokens = [], time.perf_counter(), 0
     for k, s in enumerate(range(0, n, shard_rows)):
         path = shard_path(directory, name, k)
         paths.append(path)
-        if os.path.exists(path):
+        if os.path.exists(path) and _holds(path, rows, np.arange(s, min(s + shard_rows, n)), z):
             continue
         writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
         for b0 in range(s, min(s + shard_rows, n), batch):
@@ -108,6 +109,21 @@ def write_shards(model: LM, rows: dict[str, np.ndarray], directory: str, name: s
         log(f"[features] {name}: {min(s + shard_rows, n)}/{n} rows, {done_tokens / (time.perf_counter() - t0):.0f} "
             f"tokens/s")
     return paths
+
+
+def _holds(path: str, rows: dict[str, np.ndarray], idx: np.ndarray, z: int) -> bool:
+    """Whether the shard at `path` holds exactly rows `idx` of `rows` with features `z` wide. A resumed run keeps
+    only such shards: a work directory reused with more rows (a grown answers file leaves its last shard short),
+    other rows or other taps gets the shards that differ rewritten, never silently mixed in."""
+    src = grain.sources.ArrayRecordDataSource([path])
+    if len(src) != len(idx):
+        return False
+    for j, r in enumerate(idx):
+        rec = decode_row(src[j], ("tokens", *SCALARS))
+        if not (np.array_equal(rec["tokens"], rows["tokens"][r])
+                and all(int(rec[k]) == int(rows[k][r]) for k in SCALARS)):
+            return False
+    return decode_row(src[0], ("features",))["features"].shape[-1] == z
 
 
 class ShardSource:

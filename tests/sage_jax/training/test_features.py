@@ -4,6 +4,7 @@ end (trained, saved, decoding losslessly)."""
 
 import dataclasses
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -138,6 +139,25 @@ def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_pat
     stamp = os.path.getmtime(paths[0])
     assert features.write_shards(lm_t, rows, str(tmp_path), "train", taps=taps, batch=4, shard_rows=8) == paths
     assert os.path.getmtime(paths[0]) == stamp  # kept, not rewritten (resume)
+    # A reused directory with more rows: the full first shard is kept, the short last one is rewritten.
+    more = {k: np.concatenate([v, v[:3]]) for k, v in rows.items()}
+    (tmp_path / "grown").mkdir()
+    for p in paths:
+        shutil.copy(p, tmp_path / "grown")
+        os.utime(tmp_path / "grown" / os.path.basename(p), (1, 1))
+    grown = features.write_shards(lm_t, more, str(tmp_path / "grown"), "train", taps=taps, batch=4, shard_rows=8)
+    assert os.path.getmtime(grown[0]) == 1 and os.path.getmtime(grown[1]) > 1  # kept; rewritten with 6 rows
+    assert len(features.ShardSource(grown)) == n + 3
+    # Other tokens or other taps: nothing is kept.
+    other = {**rows, "tokens": rows["tokens"][::-1].copy()}
+    os.utime(paths[0], (1, 1))
+    features.write_shards(lm_t, other, str(tmp_path), "train", taps=taps, batch=4, shard_rows=8)
+    assert os.path.getmtime(paths[0]) > 1
+    np.testing.assert_array_equal(features.ShardSource(paths)[0]["tokens"], other["tokens"][0])
+    os.utime(paths[0], (1, 1))
+    features.write_shards(lm_t, other, str(tmp_path), "train", taps=(1,), batch=4, shard_rows=8)
+    assert os.path.getmtime(paths[0]) > 1 and features.ShardSource(paths)[0]["features"].shape[-1] == lm_t.cfg.d_model
+    features.write_shards(lm_t, rows, str(tmp_path), "train", taps=taps, batch=4, shard_rows=8)  # back, for below
     src = features.ShardSource(paths)
     assert len(src) == n
     mask = layers.causal_mask(length, jnp.zeros((1,), jnp.int32))
