@@ -8,7 +8,7 @@ rows are sorted by length, so chat4's shards hold other rows and `features.write
 
 (after chat2 .. chat4, `smollm2_eagle_chat4`'s docstring; or `--set eagle.init_from=sage_jax/assets/smollm2_eagle`
 to continue the shipped chat4 head.) Not shipped: on the bench's 32 chat prompts, SAGE + both retrieval chains at
-θ = 0, 2.735 against chat4's 2.728; on the 24 held-out prompts 2.390 against 2.412
+θ = 0, 2.735 against chat4's 2.728; on the 24 held-out prompts 2.390 against 2.412 (SAGE alone 1.827 against 1.822)
 (benchmarks/sage/results/heads_continued/table.md).
 """
 
