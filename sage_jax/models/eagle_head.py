@@ -95,12 +95,13 @@ def init_params(cfg: LMConfig, seed: int = 0, *, n_taps: int = 0, head_vocab: in
 def warm_start(params: dict, vocab_ids, target_embed: Float[Array, "V D"], target_final_norm: Float[Array, " D"],
                target_lm_head: Float[Array, "D V"] | None) -> dict:
     """An own-head head's `lm_head` / `final_norm` set to the target's rows for `vocab_ids` and its norm (the
-    starting point of training: the head first predicts as the target's head would)."""
+    starting point of training: the head first predicts as the target's head would). A head without them gains
+    them, in its `fc`'s dtype: it then computes exactly what it did with the target's rows."""
     ids = jnp.asarray(vocab_ids, jnp.int32)
     rows = jnp.take(target_embed, ids, axis=0).T if target_lm_head is None else jnp.take(target_lm_head, ids, axis=1)
-    if params["lm_head"].shape != rows.shape:
+    if "lm_head" in params and params["lm_head"].shape != rows.shape:
         raise ValueError(f"lm_head {params['lm_head'].shape} does not fit {len(ids)} vocabulary ids")
-    dt = params["lm_head"].dtype
+    dt = (params["lm_head"] if "lm_head" in params else params["fc"]).dtype
     return {**params, "lm_head": rows.astype(dt), "final_norm": jnp.asarray(target_final_norm, dt)}
 
 

@@ -340,9 +340,7 @@ def _eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConf
         if problems:
             raise ValueError(f"eagle.init_from {c.eagle.init_from}: its {', '.join(problems)} differ from the recipe's")
         if c.eagle.own_head and "lm_head" not in p0:
-            d = hcfg.d_model
-            p0 = eagle_head.warm_start({**p0, "lm_head": np.zeros((d, len(vocab_ids)), np.float32)}, vocab_ids,
-                                       lm_t.embed, lm_t.final_norm, lm_t.lm_head)
+            p0 = eagle_head.warm_start(p0, vocab_ids, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
         return hcfg, jax.tree.map(np.asarray, p0)
     hcfg = eagle_head.head_config(tcfg, **({"mlp_dim": c.eagle.mlp_dim} if c.eagle.mlp_dim else {}))
     own = len(vocab_ids) if c.eagle.own_head else 0
