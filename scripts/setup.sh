@@ -12,13 +12,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 # System packages: Fashion-MNIST (PGLA surrogate data), the Python docs' reST sources and WordNet (draft-training
-# prompts).
+# prompts), and a C++ compiler for the skinny CPU matmul kernel (pallas_kernels/skinny_matmul, built on first use).
 if command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   need=()
   [ -d /usr/share/datasets/fashion-mnist ] || need+=(dataset-fashion-mnist)
   [ -d /usr/share/doc/python3.11/html/_sources ] || need+=(python3.11-doc)
   [ -f /usr/share/wordnet/index.noun ] || need+=(wordnet-base)
+  command -v g++ >/dev/null 2>&1 || need+=(g++)
   if [ ${#need[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
