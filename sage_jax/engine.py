@@ -152,6 +152,8 @@ class Engine:
       attention: how the decoding loops' cache-reading forwards (verify, draft levels, catch-up, a plain decode
         step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
         so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
+      matmul: how the models' layers multiply by their weights (`LMConfig.matmul`): "auto" (on CPU, a decode or
+        verify step's few float32 rows through `pallas_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
       datastore: the target's own answers as n-gram continuations (`decoding/datastore.py`), for policies with
         `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """
@@ -162,7 +164,7 @@ class Engine:
                  profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
                  description: str | None = None,
                  prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
-                 prune: visual_pruning.Method = "attention", attention: str = "xla",
+                 prune: visual_pruning.Method = "attention", attention: str = "xla", matmul: str = "auto",
                  datastore: datastore_lib.Datastore | None = None):
         if isinstance(target, CausalLM | VisionLM) and tokenizer is None:
             tokenizer = target.tokenizer
@@ -174,8 +176,9 @@ class Engine:
         self.prune = prune
         self.prune_ratio = media_batch.ratios(prune_ratio)
         self.target = target
-        self._lm_t = target.serving().with_attention(attention)  # once: the loops never see the NNX modules
-        self.attention = attention
+        # once: the loops never see the NNX modules
+        self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
+        self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingConfig()
@@ -189,7 +192,7 @@ class Engine:
         self.draft_spec = draft_spec
         self._lm_d = draft.serving() if isinstance(draft, CausalLM | Decoder | VisionLM) else draft
         if self._lm_d is not None:
-            self._lm_d = self._lm_d.with_attention(attention)
+            self._lm_d = self._lm_d.with_attention(attention).with_matmul(matmul)
         build_drafter(draft_spec, self._lm_t, self._lm_d)  # validates vocab / layer counts now, not inside jit
         self.profile_dir = profile_dir or os.path.join(loader.cache_dir(), "profiles")
         self.mesh = sharding.mesh_of(self._lm_t)  # where the target's parameters are placed (None: one device)
@@ -258,7 +261,7 @@ class Engine:
         key = (pol, self.draft_spec)
         if key not in self._choosers:
             v_sizes = widths.verify_sizes(pol.tree_size, cfg.bucket_ratio, pol.retrieval)
-            d_sizes = widths.sizes(pol.frontier, 1, cfg.bucket_ratio)
+            d_sizes = widths.draft_sizes(pol.frontier, cfg.bucket_ratio)
             desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
             pkey = budget_lib.profile_key(self.cfg, desc, cfg.capacity, v_sizes, d_sizes)
             with self._placed():  # timed as the loops run, on the target's mesh
@@ -544,7 +547,7 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
                 draft: str | os.PathLike | CausalLM | VisionLM | None = None, draft_layers: int | None = None, *,
                 sampling: SamplingConfig | None = None, dtype: str | None = None, mesh=None,
                 prune_ratio: float | tuple[float, float] = visual_pruning.DEFAULT_RATIOS,
-                prune: visual_pruning.Method = "attention", attention: str = "xla") -> Engine:
+                prune: visual_pruning.Method = "attention", attention: str = "xla", matmul: str = "auto") -> Engine:
     """An `Engine` from paths, with the shipped defaults.
 
     `target`: a GGUF file, an HF directory, our LM or VLM checkpoint, or a loaded `CausalLM` / `VisionLM`
@@ -553,7 +556,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     default target the shipped head, for the shipped VLM around it (`loader.DEFAULT_VLM`) that head fine-tuned on
     the VLM's answers; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N layers
     instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
-    `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas" (`Engine`). Bad
+    `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas", `matmul`: "auto" or
+    "xla" (`Engine`). Bad
     paths and models that do not fit each other raise FileNotFoundError or ValueError with a one-line message.
     """
     if draft is not None and draft_layers is not None:
@@ -570,7 +574,7 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     if shipped:
         draft = loader.default_vlm_draft() if shipped_vlm else loader.default_draft()
     n_layers = lm_t.serving().n_layers
-    opts = dict(prune_ratio=prune_ratio, prune=prune, attention=attention)
+    opts = dict(prune_ratio=prune_ratio, prune=prune, attention=attention, matmul=matmul)
     if draft is None:
         n = draft_layers if draft_layers is not None else self_draft_layers(n_layers)
         if n > n_layers:

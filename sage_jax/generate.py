@@ -4,7 +4,7 @@
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
         [--policy {ar,chain,static,eagle2,sage}] [--retrieval L] [--datastore]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-        [--seed S] [--attention {xla,pallas}] [--mesh AXIS=SIZE,...] [--compare] [--json]
+        [--seed S] [--attention {xla,pallas}] [--matmul {auto,xla}] [--mesh AXIS=SIZE,...] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`); other targets default
@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--seed", type=int, metavar="S", default=0)
     arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
+    arg("--matmul", choices=("auto", "xla"), default="auto", help="the models' matmuls: auto (on CPU, the few rows "
+        "of a decode or verify step through the skinny kernel, pallas_kernels/skinny_matmul) or XLA's dot throughout")
     arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
         "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
         "one device")
@@ -171,7 +173,8 @@ def run(args: argparse.Namespace) -> dict:
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
-                             prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention, mesh=mesh)
+                             prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention,
+                             matmul=args.matmul, mesh=mesh)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         if args.datastore and engine.datastore is None:

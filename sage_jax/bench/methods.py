@@ -40,6 +40,8 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), da
     """Our rows; `datastore`: the main engine has a datastore of the target's answers (`sage-datastore`)."""
     static = TreePolicy.static()
     out = [Method("ar", "ours", "ar", budget=None),
+           # our AR with XLA's dot for every matmul (`LMConfig.matmul="xla"`): what the skinny CPU kernel adds
+           Method("ar-xla", "ours", "ar", draft="xla", budget=None),
            Method("chain-lm", "ours", TreePolicy.chain(), draft="lm", budget=None),
            Method("chain", "ours", TreePolicy.chain(), budget=budget),
            Method("static", "ours", static, budget=None),
@@ -73,10 +75,11 @@ def hf_methods() -> list[Method]:
 
 
 class OursRunner:
-    """Our engines: one for the main draft (EAGLE head, LM checkpoint or self-draft), one for the LM draft."""
+    """Our engines: one for the main draft (EAGLE head, LM checkpoint or self-draft), one for the LM draft, and
+    optionally one whose layers use XLA's dot throughout ("xla", for the `ar-xla` row)."""
 
-    def __init__(self, engine, lm_engine, max_new_tokens: int):
-        self.engines = {"main": engine, "lm": lm_engine}
+    def __init__(self, engine, lm_engine, max_new_tokens: int, xla_engine=None):
+        self.engines = {"main": engine, "lm": lm_engine, "xla": xla_engine}
         self.n = max_new_tokens
 
     def warm_up(self, m: Method, prompt: list[int]) -> float:

@@ -66,7 +66,7 @@ def build(args: argparse.Namespace) -> Suite:
     hf_root = tempfile.mkdtemp(prefix="sage_bench_hf_")
     if args.draft_layers < 1:
         raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
-    att = dict(attention=args.attention)
+    att = dict(attention=args.attention, matmul=args.matmul)
     if args.quick:
         target, prompts = _tiny_target(head_dim=64 if args.attention == "pallas" else 16)  # the kernels' head dims
         self_1 = DraftSpec(kind="self", n_layers=1)
@@ -94,10 +94,14 @@ def build(args: argparse.Namespace) -> Suite:
         methods += M.hf_methods()
     methods = _select(methods, args.methods)
     if args.quick and not args.methods:
-        methods = [m for m in methods if m.name in ("ar", "chain-lm", "sage", "hf-ar", "hf-assisted")]
+        methods = [m for m in methods if m.name in ("ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted")]
     prompts = prompts[: args.prompts] if args.prompts else prompts
 
-    runners = {"ours": M.OursRunner(engine, lm_engine, args.max_new_tokens)}
+    xla_engine = None
+    if any(m.draft == "xla" for m in methods):
+        xla_engine = Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=1),
+                            **dict(att, matmul="xla"))
+    runners = {"ours": M.OursRunner(engine, lm_engine, args.max_new_tokens, xla_engine)}
     if any(m.kind == "hf" for m in methods):
         cfg, tok = engine.cfg, engine.tokenizer
         params = _module(engine.target).params()
@@ -114,7 +118,8 @@ def build(args: argparse.Namespace) -> Suite:
     lm_desc = args.draft_lm or f"self ({n_lm} layers)"
     title = (f"{'tiny random target (--quick)' if args.quick else 'SmolLM2-135M-Instruct'}, greedy, "
              f"{args.max_new_tokens} new tokens, {len(prompts)} {args.prompt_set} prompts; draft {engine.description}; "
-             f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}")
+             f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}"
+             f"{'; XLA dots only (--matmul xla)' if args.matmul == 'xla' else ''}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile)
 
 

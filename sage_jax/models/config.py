@@ -8,6 +8,8 @@ from typing import Any, Literal
 RopeType = Literal["default", "linear", "llama3", "yarn"]
 Attention = Literal["xla", "pallas"]
 ATTENTIONS: tuple[str, ...] = ("xla", "pallas")
+Matmul = Literal["auto", "xla"]
+MATMULS: tuple[str, ...] = ("auto", "xla")
 PALLAS_HEAD_DIMS = (64, 128)  # what `pallas_kernels.tree_attention`'s kernels take
 
 
@@ -43,6 +45,9 @@ class LMConfig:
       attention: how the serving forwards that read a KV cache attend: "xla" (a dense [B, T, S] mask, einsums) or
         "pallas" (the tree-attention kernel of `pallas_kernels/tree_attention`, interpreted on CPU; head dims 64
         and 128). A choice of the run, not of the weights: checkpoints do not store it.
+      matmul: how the serving layers multiply by their weights: "auto" (on CPU, the few float32 rows of a decode
+        or verify step go through `pallas_kernels.skinny_matmul`'s kernel, everything else through XLA's dot) or
+        "xla" (always XLA's dot). A choice of the run, not stored either.
     """
 
     vocab_size: int
@@ -62,6 +67,7 @@ class LMConfig:
     pad_token_id: int = 0
     max_position: int = 8192
     attention: Attention = "xla"
+    matmul: Matmul = "auto"
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
@@ -73,6 +79,8 @@ class LMConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        if self.matmul not in MATMULS:
+            raise ValueError(f"matmul must be one of {', '.join(MATMULS)}, got {self.matmul!r}")
         if self.attention == "pallas" and self.head_dim not in PALLAS_HEAD_DIMS:
             raise ValueError(f"the Pallas tree-attention kernels support head dims "
                              f"{' and '.join(map(str, PALLAS_HEAD_DIMS))}, this model has {self.head_dim}")
@@ -134,7 +142,7 @@ class LMConfig:
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["attention"]  # a choice of the run
+        del d["attention"], d["matmul"]  # choices of the run
         return d
 
     @classmethod
@@ -145,4 +153,5 @@ class LMConfig:
         d["rope"] = RopeConfig(**rope)
         d["eos_token_ids"] = tuple(d.get("eos_token_ids", ()))
         d.pop("attention", None)
+        d.pop("matmul", None)
         return cls(**d)

@@ -130,7 +130,12 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
     dt = jnp.dtype(head_cfg.dtype)
     e = lm.embed_tokens(head_cfg, target_embed, tokens) if embeddings is None else embeddings.astype(dt)
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
-    x = jnp.einsum("BTI,ID->BTD", x, head_params["fc"].astype(dt)) + head_params["fc_b"].astype(dt)[None, None]
+    if "fc_t" in head_params:  # serving form (`EagleWeights.build`): [D, I], the layers' feature-major matmul
+        b, t, i = x.shape
+        x = lm.project(head_cfg, head_params["fc_t"].astype(dt), x.reshape(b * t, i).T).T.reshape(b, t, -1)
+    else:
+        x = jnp.einsum("BTI,ID->BTD", x, head_params["fc"].astype(dt))
+    x = x + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))
     layer = lm.serving_layer(head_params["layer"])  # serving drafts convert once at load (`EagleWeights.load`)
     if cache is None:
@@ -161,7 +166,9 @@ def eagle_forward(head_params: dict, head_cfg: LMConfig, target_embed: Float[Arr
     feats, cache = eagle_features(head_params, head_cfg, target_embed, tokens, features_prev, positions, mask,
                                   cache, write_pos)
     norm = head_params.get("final_norm", target_final_norm)  # an own head brings its own norm
-    if vocab is not None:
+    if vocab is not None and "vocab_rows" in head_params:  # serving form: the subset's rows [Vd, D], as a tied head
+        logits = lm.head(head_cfg, head_params["vocab_rows"], norm, None, feats)
+    elif vocab is not None:
         logits = lm.head(head_cfg, None, norm, vocab.head, feats)
     else:
         logits = lm.head(head_cfg, target_embed, target_final_norm, target_lm_head, feats)
@@ -188,6 +195,10 @@ class EagleWeights:
         """This head with its cache-reading forwards attending the `LMConfig.attention` way ("xla" / "pallas")."""
         return self if attention == self.cfg.attention else self.replace(cfg=self.cfg.replace(attention=attention))
 
+    def with_matmul(self, matmul: str) -> EagleWeights:
+        """This head with its layer multiplying the `LMConfig.matmul` way ("auto" / "xla")."""
+        return self if matmul == self.cfg.matmul else self.replace(cfg=self.cfg.replace(matmul=matmul))
+
     @classmethod
     def build(cls, cfg: LMConfig, params: dict, vocab_ids, target_cfg: LMConfig, target_embed: Float[Array, "V D"],
               target_lm_head: Float[Array, "D V"] | None, taps: tuple[int, ...] = ()) -> EagleWeights:
@@ -211,5 +222,10 @@ class EagleWeights:
             vocab = DraftVocab(ids=jnp.asarray(vocab_ids, jnp.int32), head=own, vocab_size=cfg.vocab_size)
         else:
             vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target_embed, target_lm_head)
-        params["layer"] = lm.serving_layer(params["layer"])  # once, not per draft level
+        # Once, not per draft level: the layer's matrices [out, in], and fc and the vocabulary's head rows the same
+        # way round, which the decode steps' few rows multiply fastest on CPU (`lm.project`).
+        params["layer"] = lm.serving_layer(params["layer"])
+        params["fc_t"] = params.pop("fc").T
+        if vocab is not None:
+            params["vocab_rows"] = vocab.head.T
         return cls(head=params, vocab=vocab, cfg=cfg, taps=taps)

@@ -24,6 +24,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import map_shards, shard
+from pallas_kernels import skinny_matmul
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, NewKV, write_rows
@@ -92,6 +93,14 @@ def serving_layer(p: dict) -> dict:
     return out
 
 
+def project(cfg: LMConfig, w: Float[Array, "E D"], x: Float[Array, "D M"]) -> Float[Array, "E M"]:
+    """A serving weight [out, in] times feature-major activations: the skinny CPU kernel for the few float32
+    columns of a decode or verify step (`cfg.matmul == "auto"`; `skinny_matmul.kernel_usable`), else XLA's dot."""
+    if cfg.matmul == "auto" and skinny_matmul.kernel_usable(w, x):
+        return skinny_matmul.skinny_matmul(w, x, impl="kernel")
+    return jnp.einsum("ED,DM->EM", w, x)
+
+
 def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
           k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
           write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility,
@@ -110,7 +119,7 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     # token-major activations (`logical_to_spec`: first claim wins).
     xm = shard(x.reshape(b * t, d).T, (None, "batch"))
     h = layers.rms_norm(xm, p["attn_norm"], cfg.norm_eps, axis=0)
-    qkv = jnp.einsum("ED,DM->EM", p["qkv"].astype(dt), h)
+    qkv = project(cfg, p["qkv"].astype(dt), h)
     if cfg.qkv_bias:
         qkv = qkv + p["bqkv"].astype(dt)[:, None]
     parts = _split(qkv.T.reshape(b, t, -1), (n * hd, kh * hd, kh * hd), groups[0], ("batch", "seq", "heads", None), -1)
@@ -202,12 +211,12 @@ def _mlp(cfg: LMConfig, p: dict, xm: Float[Array, "D M"], o: Float[Array, "B T N
     """The rest of `block` after attention: output projection, residual, and the gated MLP."""
     dt = jnp.dtype(cfg.dtype)
     o = o.reshape(b * t, -1).T
-    xm = shard(xm + jnp.einsum("DE,EM->DM", p["o"].astype(dt), o), (None, "batch"))
+    xm = shard(xm + project(cfg, p["o"].astype(dt), o), (None, "batch"))
     h = layers.rms_norm(xm, p["mlp_norm"], cfg.norm_eps, axis=0)
-    gu = jnp.einsum("FD,DM->FM", p["gate_up"].astype(dt), h)
+    gu = project(cfg, p["gate_up"].astype(dt), h)
     gate, up = _split(gu, (cfg.mlp_dim, cfg.mlp_dim), groups, ("mlp", None, "batch"), 0)
     act = shard(jax.nn.silu(gate) * up, ("mlp", "batch"))
-    xm = xm + jnp.einsum("DF,FM->DM", p["down"].astype(dt), act)
+    xm = xm + project(cfg, p["down"].astype(dt), act)
     return shard(xm.T.reshape(b, t, -1), ("batch", "seq", "embed"))
 
 
@@ -251,7 +260,11 @@ def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "
 def head(cfg: LMConfig, embed, final_norm, lm_head, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
     """Final norm + LM head; float32 logits."""
     h = layers.rms_norm(hidden, final_norm, cfg.norm_eps)
-    if lm_head is None:  # tied: contract with the embedding's D axis directly (no transposed copy)
+    b, t, d = h.shape
+    if lm_head is None and cfg.matmul == "auto" and skinny_matmul.kernel_usable(embed, h.reshape(b * t, d), True):
+        logits = skinny_matmul.skinny_matmul(embed, h.reshape(b * t, d), x_tokens_major=True, y_tokens_major=True,
+                                             impl="kernel").reshape(b, t, -1)
+    elif lm_head is None:  # tied: contract with the embedding's D axis directly (no transposed copy)
         logits = jnp.einsum("BTD,VD->BTV", h, embed.astype(h.dtype), preferred_element_type=jnp.float32)
     else:
         logits = jnp.einsum("BTD,DV->BTV", h, lm_head.astype(h.dtype), preferred_element_type=jnp.float32)
@@ -286,6 +299,10 @@ class LM:
     def with_attention(self, attention: str) -> LM:
         """This model with its cache-reading forwards attending the `LMConfig.attention` way ("xla" / "pallas")."""
         return self if attention == self.cfg.attention else self.replace(cfg=self.cfg.replace(attention=attention))
+
+    def with_matmul(self, matmul: str) -> LM:
+        """This model with its layers multiplying the `LMConfig.matmul` way ("auto" / "xla")."""
+        return self if matmul == self.cfg.matmul else self.replace(cfg=self.cfg.replace(matmul=matmul))
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.cfg

@@ -47,7 +47,7 @@ def test_quick_run_end_to_end(tmp_path, cache_dir):
     with open(os.path.join(tmp_path, "bench.json")) as fh:
         data = json.load(fh)
     rows = {r["method"]: r for r in data["rows"]}
-    assert set(rows) == {"ar", "chain-lm", "sage", "hf-ar", "hf-assisted"}
+    assert set(rows) == {"ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted"}
     # Lossless against our AR, and transformers agrees with us on the same weights.
     assert all(r["same_as_ar"] for r in rows.values())
     assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["hf-ar"]["speedup_vs_hf_ar"] == 1.0

@@ -138,3 +138,38 @@ def test_placed_model_serves_tensor_parallel_with_two_all_reduces_a_layer(device
     if groups[0] > 1:  # only the vocab-cut embedding lookup adds an all-reduce of its own
         assert count("all-reduce") == 2 * cfg.n_layers + 1, count("all-reduce")
     assert count("collective-permute") == count("all-to-all") == 0
+
+
+def test_decode_steps_take_the_skinny_kernel_where_it_runs_and_agree_with_xla(tiny_lm):
+    """`LMConfig.matmul="auto"`: a few-token cache-reading forward and its LM head run the skinny CPU kernel
+    (pallas_kernels/skinny_matmul), a prefill-sized one and `matmul="xla"` XLA's dot; the outputs agree."""
+    from pallas_kernels.skinny_matmul import build
+
+    if not build.register():
+        pytest.skip(f"kernel unavailable: {build.reason()}")
+    for serve in (tiny_lm(3).serving(), tiny_lm(3, tie_embeddings=True).serving()):
+        _check_kernel_use(serve, build.TARGET)
+
+
+def _check_kernel_use(serve, target):
+    assert serve.cfg.matmul == "auto"
+
+    def run(model, t):
+        tokens, positions, mask, write_pos = _inputs(model.cfg, b=1, t=t)
+
+        @jax.jit
+        def fwd(model, tokens):
+            hidden, _ = model.forward(tokens, positions, mask, model.init_cache(1, mask.shape[-1]), write_pos)
+            return model.head(hidden)
+
+        return np.asarray(fwd(model, tokens)), fwd.lower(model, tokens).as_text()
+
+    for t in (1, 3):
+        auto, text = run(serve, t)
+        # qkv, o, gate|up, down; a tied LM head too (an untied one is stored [D, V], XLA's)
+        assert text.count(target) == 4 * serve.n_layers + (serve.lm_head is None)
+        xla, text = run(serve.with_matmul("xla"), t)
+        assert target not in text
+        np.testing.assert_allclose(auto, xla, rtol=1e-5, atol=1e-4)
+    _, text = run(serve, 12)  # 12 rows: past `MAX_COLUMNS`, XLA's GEMM
+    assert target not in text
