@@ -149,8 +149,9 @@ def cached_profile(key: str, measure, directory: str) -> CostProfile:
 
 
 # Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers;
-# 4: the verify forward reads the cache and returns the new keys/values; widths timed in interleaved rounds).
-PROFILE_VERSION = 4
+# 4: the verify forward reads the cache and returns the new keys/values; widths timed in interleaved rounds;
+# 5: the skinny CPU matmul kernel and the width-4 verify bucket).
+PROFILE_VERSION = 5
 
 
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:

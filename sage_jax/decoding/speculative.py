@@ -274,7 +274,7 @@ def catch_up(cfg: SpecConfig, drafter: Drafter, s: SpecState
                     jnp.int32(w))
         return run
 
-    return widths.switch(jnp.max(s.n_pending), widths.sizes(a, 1, cfg.bucket_ratio), at_width)
+    return widths.switch(jnp.max(s.n_pending), widths.draft_sizes(a, cfg.bucket_ratio), at_width)
 
 
 def draft(cfg: SpecConfig, drafter: Drafter, s: SpecState, store: datastore.Datastore | None = None) -> Draft:

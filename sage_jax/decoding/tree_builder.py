@@ -124,7 +124,8 @@ def build_tree(
     """Drafts one tree. `length`: the draft's committed prefix (the root's slot; position `length - pad + delta`,
     `delta` 0 by default); the root's own draft distribution is
     `root_logq`; `budget` [B]: node cap (<= n_max; default n_max). Each level's draft forward runs at the
-    smallest of the widths 1, q, q², ..., R holding its frontier (q = `bucket_ratio`; < 2: always R).
+    smallest of the widths 1, 2, q, q², ..., R holding its frontier (q = `bucket_ratio`; < 2: always R;
+    `widths.draft_sizes`).
     Returns the verified-tree view (valid nodes packed at the front), the pool (for α statistics), the cache,
     the number of draft forwards spent on levels >= 2 and the total width they ran at."""
     b = root.shape[0]
@@ -138,7 +139,7 @@ def build_tree(
                       top_ids=jnp.zeros((b, r, k), jnp.int32).at[:, 0].set(top_i))
     pool, f_idx, f_valid, f_tok = _expand(policy, jnp.int32(1), shape, pool, first, budget)
     max_depth = jnp.minimum(jnp.max(shape.depth), policy.d_cap)
-    sizes = widths.sizes(r, 1, bucket_ratio)
+    sizes = widths.draft_sizes(r, bucket_ratio)
 
     def cond(carry):
         level, _, _, f_valid, _, _, _, _ = carry

@@ -15,12 +15,12 @@ def test_widths():
     assert widths.sizes(65, 2) == (2, 8, 32, 65)
     assert widths.sizes(11, 1, 2) == (1, 2, 4, 8, 11)
     assert widths.sizes(16, 1, 1) == (16,)
-    # A retrieval policy's verify also runs the root alone (width 1) and root + one whole chain (L + 1, rounded
-    # up to 8 rows).
-    assert widths.verify_sizes(65, 4) == (2, 8, 32, 65)
-    assert widths.verify_sizes(73, 4, 8) == (1, 2, 8, 16, 32, 73)
-    assert widths.verify_sizes(72, 4, 7) == (1, 2, 8, 32, 72)
-    assert widths.verify_sizes(12, 4, 3) == (1, 2, 8, 12)
+    # Verify widths add 4 (the skinny CPU kernel's small trees); a retrieval policy's verify also runs the root
+    # alone (width 1) and root + one whole chain (L + 1, rounded up to 8 rows).
+    assert widths.verify_sizes(65, 4) == (2, 4, 8, 32, 65)
+    assert widths.verify_sizes(73, 4, 8) == (1, 2, 4, 8, 16, 32, 73)
+    assert widths.verify_sizes(72, 4, 7) == (1, 2, 4, 8, 32, 72)
+    assert widths.verify_sizes(12, 4, 3) == (1, 2, 4, 8, 12)
     assert widths.verify_sizes(16, 1, 4) == (16,)  # bucketing off
 
 

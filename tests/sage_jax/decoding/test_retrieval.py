@@ -119,7 +119,7 @@ def test_chains_alone_are_gated_down_to_the_root(engine):
     gate gives AR's output; an open gate (0) merges a chain at every step that finds one."""
     prompts = [[3, 4, 5, 6, 7, 8, 3, 4, 5], [9, 10, 11, 12, 9, 10]]
     ref = engine.generate(prompts, policy="ar", max_new_tokens=40).token_ids
-    assert widths.verify_sizes(1 + 16 + 6, 4, 6) == (1, 2, 8, 23)
+    assert widths.verify_sizes(1 + 16 + 6, 4, 6) == (1, 2, 4, 8, 23)
     runs = {}
     for gate in (0.0, 1.0):
         policy = TreePolicy.sage(n_max=16, frontier=4, retrieval=6, chains_gate=gate)
