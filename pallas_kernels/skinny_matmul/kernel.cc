@@ -34,7 +34,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kLanes = 8;  // 256-bit vectors: on the EPYC these ran 2.4x the FMAs/s of 512-bit ones
+constexpr int kLanes = 8;  // 256-bit vectors: on the EPYC these ran ~1.2x the float FMAs/s of 512-bit ones
 constexpr int kSplit = 2;  // partial sums per column (see row_block)
 typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
 
@@ -99,7 +99,8 @@ inline void row_block(const Problem& p, int64_t row, int64_t m0) {
 }
 
 // One weight row at a time, in order: streaming rows one by one ran at the memory's speed here, two interleaved
-// rows at half of it. Its columns in blocks of 8, 4, 2, 1 (8 columns x 2 partial sums: 16 of the 32 registers).
+// rows at half of it. Its columns in blocks of 8, 4, 2, 1 (8 columns x 2 partial sums: 16 of AVX-512's 32 vector
+// registers; with AVX2's 16 an 8-column block spills, but "auto" sends at most 6 columns here).
 void rows(const Problem& p, int64_t lo, int64_t hi) {
   for (int64_t r = lo; r < hi; ++r) {
     int64_t m0 = 0;
