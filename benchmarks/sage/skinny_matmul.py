@@ -63,46 +63,13 @@ def matmul_rows(rounds: int) -> list[float]:
 def model_rows(rounds: int, capacity: int = 274) -> dict[str, list[float]]:
     """{variant: [ar step, verify at each width..., draft level at width 1, at width 4]} in ms."""
     import sage_jax
-    from sage_jax.decoding.budget import time_all
-    from sage_jax.decoding.drafters import build_drafter
-    from sage_jax.models.visibility import Visibility
+    from sage_jax.decoding.budget import profile_calls, time_all
 
     engine = sage_jax.load_engine()
-    spec = engine.draft_spec
-    context = capacity // 2
-    length, pad = jnp.full((1,), context, jnp.int32), jnp.zeros((1,), jnp.int32)
-
-    def pos_mask(w):
-        return context + jnp.arange(w, dtype=jnp.int32)[None], Visibility.chain(length, pad, w)
-
-    @jax.jit
-    def ar_step(target, cache, tokens):
-        pos, mask = pos_mask(1)
-        hidden, cache = target.forward(tokens, pos, mask, cache, length)
-        return jnp.argmax(target.head(hidden), -1), cache
-
-    @jax.jit
-    def verify(target, cache, tokens):
-        pos, mask = pos_mask(tokens.shape[1])
-        hidden, kv = target.forward(tokens, pos, mask, cache, length, write=False)
-        return jnp.argmax(target.head(hidden), -1), kv
-
-    @jax.jit
-    def draft_level(target, draft, cache, tokens):
-        drafter = build_drafter(spec, target, draft)
-        pos, mask = pos_mask(tokens.shape[1])
-        feats = jnp.zeros(tokens.shape + (drafter.feature_dim,), jnp.float32)
-        logq, _, cache = drafter(tokens, feats, pos, mask, cache, length)
-        return jax.lax.top_k(logq, 10), cache
-
-    tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
-    variants = {m: (engine.target_lm.with_matmul(m), engine._lm_d.with_matmul(m)) for m in ("auto", "xla")}
-    t_cache = engine.target_lm.init_cache(1, capacity)
-    d_cache = build_drafter(spec, engine.target_lm, engine._lm_d).init_cache(1, capacity)
     calls = []
-    for t, d in variants.values():
-        calls += ([(ar_step, t, t_cache, tok(1))] + [(verify, t, t_cache, tok(w)) for w in WIDTHS]
-                  + [(draft_level, t, d, d_cache, tok(w)) for w in (1, 4)])
+    for m in ("auto", "xla"):  # the chooser's own timed calls, both variants in the same interleaved rounds
+        calls += profile_calls(engine.target_lm.with_matmul(m), engine._lm_d.with_matmul(m), engine.draft_spec,
+                               capacity, WIDTHS, (1, 4))
     ms = time_all(calls, rounds)
     n = len(calls) // 2
     return {"auto": ms[:n], "xla": ms[n:]}

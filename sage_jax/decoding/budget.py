@@ -79,11 +79,11 @@ def time_all(calls: list[tuple], repeats: int) -> list[float]:
     return [float(np.median(t) * 1e3) for t in ts]
 
 
-def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
-                    context: int | None = None, repeats: int = 5) -> CostProfile:
-    """Times the target (serving-form `LM`) and the draft (`LM`, `EagleWeights` or None for a self-draft, built
-    by `drafters.build_drafter(draft_spec, ...)`) at each width, writing after a `context`-token committed prefix
-    (default: half the capacity) of a batch-1 cache of `capacity` slots."""
+def profile_calls(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
+                  context: int | None = None) -> list[tuple]:
+    """The (fn, *args) calls `measure_profile` times, for `time_all`: a plain decoding step, the verify forward at
+    each of `verify_widths`, a draft forward at each of `draft_widths`, writing after a `context`-token committed
+    prefix (default: half the capacity) of a batch-1 cache of `capacity` slots."""
     context = capacity // 2 if context is None else context
     length, pad = jnp.full((1,), context, jnp.int32), jnp.zeros((1,), jnp.int32)
 
@@ -114,9 +114,16 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
     t_cache = target.init_cache(1, capacity)
     d_cache = build_drafter(draft_spec, target, draft).init_cache(1, capacity)
     tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
-    ms = time_all([(ar_step, target, t_cache, tok(1))]
-                  + [(verify, target, t_cache, tok(w)) for w in verify_widths]
-                  + [(run_draft, target, draft, d_cache, tok(w)) for w in draft_widths], repeats=repeats)
+    return ([(ar_step, target, t_cache, tok(1))] + [(verify, target, t_cache, tok(w)) for w in verify_widths]
+            + [(run_draft, target, draft, d_cache, tok(w)) for w in draft_widths])
+
+
+def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
+                    context: int | None = None, repeats: int = 5) -> CostProfile:
+    """Times the target (serving-form `LM`) and the draft (`LM`, `EagleWeights` or None for a self-draft, built
+    by `drafters.build_drafter(draft_spec, ...)`) at each width (`profile_calls`)."""
+    ms = time_all(profile_calls(target, draft, draft_spec, capacity, verify_widths, draft_widths, context=context),
+                  repeats=repeats)
     ar, v_ms, d_ms = ms[0], ms[1: 1 + len(verify_widths)], ms[1 + len(verify_widths):]
     return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
