@@ -1,9 +1,9 @@
 """Where a decoding step's time goes on the real target: model forwards vs the loop's own work, from an XLA profile.
 
     python benchmarks/sage/step_profile.py [--policies ar,chain,static,eagle2,sage] [--new-tokens 64]
-        [--prompts 3] [--top 8] [--out step_profile.md]
+        [--prompts 3] [--top 8] [--budget static|NODES,DEPTH] [--out step_profile.md]
 
-Decodes held-out prompts with the default target and shipped draft (greedy, fixed static budgets) under
+Decodes held-out prompts with the default target and shipped draft (greedy, one fixed budget) under
 `jax.profiler`, then splits the self-time of every executed XLA op by the name scope it was traced under:
 
 * **model**: ops under `sage_jax.models.lm.MODEL_SCOPE` (the target's and the draft's forwards and LM heads);
@@ -124,9 +124,9 @@ def classify(module: str, op: str, names: dict) -> str:
     return "model" if _is_model(name) else "step work"
 
 
-def profile_policy(engine, prompts, policy, new_tokens: int, top: int) -> dict:
+def profile_policy(engine, prompts, policy, new_tokens: int, top: int, budget=None) -> dict:
     before = set(glob.glob(os.path.join(_DUMP, "*after_optimizations.txt")))
-    kw = {} if policy == "ar" else {"budget": None}
+    kw = {} if policy == "ar" else {"budget": budget}
     engine.generate(prompts[:1], policy=policy, max_new_tokens=new_tokens, **kw)  # compile (dumps the HLO)
     names = op_names(sorted(set(glob.glob(os.path.join(_DUMP, "*after_optimizations.txt"))) - before)
                      or sorted(before))
@@ -176,8 +176,14 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--budget", default="static", help="the trees' budget: static (each policy's full sizes) or "
+                    "NODES,DEPTH")
     ap.add_argument("--out", help="also write the Markdown report here")
     args = ap.parse_args(argv)
+    from sage_jax.decoding.budget import parse
+    budget = parse(args.budget)
+    if budget == "auto":
+        ap.error("--budget: static or NODES,DEPTH (a profile times one fixed budget)")
     import sage_jax
     from sage_jax.prompts import EVAL_PROMPTS
 
@@ -188,10 +194,10 @@ def main(argv=None) -> int:
     rows = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
         policy = "ar" if name == "ar" else sage_jax.TreePolicy.named(name)
-        rows[name] = profile_policy(engine, prompts, policy, args.new_tokens, args.top)
+        rows[name] = profile_policy(engine, prompts, policy, args.new_tokens, args.top, budget)
         print(f"{name}: {rows[name]['ms_per_step']:.1f} ms/step", file=sys.stderr)
     text = (f"Step profile: default target + shipped draft, greedy, {args.new_tokens} new tokens, "
-            f"{len(prompts)} prompts, static budgets; jax {jax.__version__} on {jax.devices()[0].platform}.\n\n"
+            f"{len(prompts)} prompts, budget {args.budget}; jax {jax.__version__} on {jax.devices()[0].platform}.\n\n"
             + report(rows))
     print(text)
     if args.out:
