@@ -31,7 +31,8 @@ import numpy as np
 DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 HELDOUT_MOD = 10
 KINDS = ("code", "explanation", "rewriting", "lists")  # of the corpus prompts
-ALL_KINDS = KINDS + ("summary", "advice", "math")  # also the extended WordNet prompts (`wordnet.build_prompts`)
+# Also the extended WordNet prompts' (`wordnet.build_prompts`) and the target's own (`self_prompts.py`, "chat").
+ALL_KINDS = KINDS + ("summary", "advice", "math", "chat")
 
 _TEMPLATES: dict[str, tuple[str, ...]] = {
     "code": (

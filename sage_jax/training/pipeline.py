@@ -187,18 +187,28 @@ def answer_rows(c: DraftRecipe, tok, pad_id: int) -> dict[str, np.ndarray]:
     """`data.answers` (an answers.jsonl of `build_datastore`; its first `data.n_answers`) as rows in the `data.py`
     layout, sorted by length: prompt ids + the target's greedy answer. Prompts of the recipe's own blocks (which a
     head continued by `eagle.init_from` already learned) and prompts longer than `max_prompt_tokens` are dropped.
-    Each line's prompt ids are checked against `build_datastore.training_prompts`, so the rows' kinds and texts
-    are known."""
-    from sage_jax.build_datastore import read_answers, training_prompts
+    Each line's prompt ids are checked against its text (`--prompts self` lines carry it, and those near a held-out
+    prompt are dropped) or else against `build_datastore.training_prompts`, so the rows' kinds and texts are
+    known."""
+    from sage_jax.build_datastore import read_answer_lines, training_prompts
 
-    have, n = read_answers(c.data.answers), c.data.n_answers
+    have, n = read_answer_lines(c.data.answers), c.data.n_answers
     if not have or len(have) < n:
         raise ValueError(f"{c.data.answers} holds {len(have)} answers, the recipe reads {n or 'any'} (make them with "
                          f"python -m sage_jax.build_datastore --answers {n or 4096})")
     have = have[:n] if n else have
     own = {t for _, _, pairs in _blocks(c) for _, t in pairs}
+    if "text" in have[0]:
+        from sage_jax.training.self_prompts import held_out_words, near_held_out
+
+        held = held_out_words()  # checked again: the file may come from an older filter
+        have = [r for r in have if not near_held_out(r["text"], held)]
+        kinds_texts = [(r["kind"], r["text"]) for r in have]
+    else:
+        kinds_texts = training_prompts(len(have))
     rows = []
-    for (kind, text), (p, a) in zip(training_prompts(len(have)), have, strict=True):
+    for (kind, text), line in zip(kinds_texts, have, strict=True):
+        p, a = line["prompt"], line["answer"]
         if ddata.encode(tok, text, 0) != p:
             raise ValueError(f"{c.data.answers}: a prompt differs from build_datastore's training prompts")
         if text not in own and len(p) <= c.data.max_prompt_tokens:

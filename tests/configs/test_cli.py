@@ -118,3 +118,22 @@ def test_every_pgla_preset_loads_as_its_kind():
             assert cfg.batch_size >= 1 and cfg.unet.width % cfg.unet.groups == 0, name
         else:
             assert len(cfg.victim.image_shape) == 3 and cfg.num_images % cfg.batch_size == 0, name
+
+
+def test_every_sage_draft_recipe_loads():
+    # Like the PGLA presets: every draft recipe in configs/sage builds (the continued ones name the data and the head
+    # they start from).
+    import pkgutil
+
+    import configs.sage
+    from sage_jax.training.recipe import DraftRecipe
+
+    names = [m.name for m in pkgutil.iter_modules(configs.sage.__path__)]
+    recipes = [n for n in names if n.startswith(("smollm2_eagle", "tiny"))]
+    assert {"smollm2_eagle_chat2", "smollm2_eagle_chat4", "smollm2_eagle_chat6", "tiny"} <= set(recipes)
+    for name in recipes:
+        cfg = cli.load_config(name, "configs.sage", DraftRecipe)
+        assert cfg.kinds, name
+    chat6 = cli.load_config("smollm2_eagle_chat6", "configs.sage", DraftRecipe)
+    assert chat6.data.answers == "runs/self_prompts/answers.jsonl" and not chat6.data.rollouts
+    assert chat6.eagle.init_from == "sage_jax/assets/smollm2_eagle"
