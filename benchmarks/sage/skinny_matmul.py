@@ -63,14 +63,14 @@ def matmul_rows(rounds: int) -> list[float]:
 def model_rows(rounds: int, capacity: int = 274) -> dict[str, list[float]]:
     """{variant: [ar step, verify at each width..., draft level at width 1, at width 4]} in ms."""
     import sage_jax
-    from sage_jax.decoding.budget import profile_calls, time_all
+    from sage_jax.decoding.budget import LOOP_STEPS, profile_calls, time_all
 
     engine = sage_jax.load_engine()
     calls = []
     for m in ("auto", "xla"):  # the chooser's own timed calls, both variants in the same interleaved rounds
         calls += profile_calls(engine.target_lm.with_matmul(m), engine._lm_d.with_matmul(m), engine.draft_spec,
                                capacity, WIDTHS, (1, 4))
-    ms = time_all(calls, rounds)
+    ms = [m / LOOP_STEPS for m in time_all(calls, rounds)]  # ms per step
     n = len(calls) // 2
     return {"auto": ms[:n], "xla": ms[n:]}
 

@@ -79,11 +79,34 @@ def time_all(calls: list[tuple], repeats: int) -> list[float]:
     return [float(np.median(t) * 1e3) for t in ts]
 
 
+# Each timed call runs this many steps in one compiled loop: the cache is then carried (and written) in place and
+# the call's dispatch shared, as in the decoding loops; one step per call would time a copy of the whole cache and
+# the dispatch of every weight, which makes a plain step look dearer (and a tree cheaper) than it is in a loop.
+LOOP_STEPS = 4
+
+
+def _looped(step):
+    """`step(*models, cache, tokens) -> (tokens, cache)` run `LOOP_STEPS` times under one jit, each step fed the
+    tokens the last one returned (so that nothing in the loop is invariant and hoisted out of it)."""
+
+    @jax.jit
+    def run(*args):
+        *models, cache, tokens = args
+
+        def body(_, carry):
+            return step(*models, carry[1], carry[0])
+
+        return jax.lax.fori_loop(0, LOOP_STEPS, body, (tokens, cache))
+
+    return run
+
+
 def profile_calls(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
                   context: int | None = None) -> list[tuple]:
     """The (fn, *args) calls `measure_profile` times, for `time_all`: a plain decoding step, the verify forward at
     each of `verify_widths`, a draft forward at each of `draft_widths`, writing after a `context`-token committed
-    prefix (default: half the capacity) of a batch-1 cache of `capacity` slots."""
+    prefix (default: half the capacity) of a batch-1 cache of `capacity` slots; each call runs `LOOP_STEPS` of
+    them in a loop (`_looped`)."""
     context = capacity // 2 if context is None else context
     length, pad = jnp.full((1,), context, jnp.int32), jnp.zeros((1,), jnp.int32)
 
@@ -91,39 +114,37 @@ def profile_calls(target, draft, draft_spec, capacity: int, verify_widths, draft
         slots = context + jnp.arange(w, dtype=jnp.int32)[None]
         return slots, Visibility.chain(length, pad, w)  # as the decoding loops pass it
 
-    @jax.jit
     def verify(target, cache, tokens):
         pos, mask = positions_mask(tokens.shape[1])
-        hidden, kv = target.forward(tokens, pos, mask, cache, length, write=False)  # as the verify step runs it
-        return jnp.argmax(target.head(hidden), -1), kv
+        hidden, _ = target.forward(tokens, pos, mask, cache, length, write=False)  # as the verify step runs it
+        return jnp.argmax(target.head(hidden), -1).astype(jnp.int32), cache
 
-    @jax.jit
     def ar_step(target, cache, tokens):  # a plain decoding step writes its one token into the cache
         pos, mask = positions_mask(1)
         hidden, cache = target.forward(tokens, pos, mask, cache, length)
-        return jnp.argmax(target.head(hidden), -1), cache
+        return jnp.argmax(target.head(hidden), -1).astype(jnp.int32), cache
 
-    @jax.jit
     def run_draft(target, draft, cache, tokens):
         drafter = build_drafter(draft_spec, target, draft)
         pos, mask = positions_mask(tokens.shape[1])
         feats = jnp.zeros(tokens.shape + (drafter.feature_dim,), jnp.float32)
         logq, _, cache = drafter(tokens, feats, pos, mask, cache, length)
-        return jax.lax.top_k(logq, 10), cache
+        return jax.lax.top_k(logq, 10)[1][..., 0].astype(jnp.int32), cache
 
     t_cache = target.init_cache(1, capacity)
     d_cache = build_drafter(draft_spec, target, draft).init_cache(1, capacity)
     tok = lambda w: jnp.full((1, w), 100, jnp.int32)  # noqa: E731
-    return ([(ar_step, target, t_cache, tok(1))] + [(verify, target, t_cache, tok(w)) for w in verify_widths]
-            + [(run_draft, target, draft, d_cache, tok(w)) for w in draft_widths])
+    ar_fn, verify_fn, draft_fn = _looped(ar_step), _looped(verify), _looped(run_draft)
+    return ([(ar_fn, target, t_cache, tok(1))] + [(verify_fn, target, t_cache, tok(w)) for w in verify_widths]
+            + [(draft_fn, target, draft, d_cache, tok(w)) for w in draft_widths])
 
 
 def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, draft_widths, *,
                     context: int | None = None, repeats: int = 5) -> CostProfile:
     """Times the target (serving-form `LM`) and the draft (`LM`, `EagleWeights` or None for a self-draft, built
-    by `drafters.build_drafter(draft_spec, ...)`) at each width (`profile_calls`)."""
-    ms = time_all(profile_calls(target, draft, draft_spec, capacity, verify_widths, draft_widths, context=context),
-                  repeats=repeats)
+    by `drafters.build_drafter(draft_spec, ...)`) at each width (`profile_calls`; ms per step)."""
+    ms = [m / LOOP_STEPS for m in time_all(profile_calls(target, draft, draft_spec, capacity, verify_widths,
+                                                         draft_widths, context=context), repeats=repeats)]
     ar, v_ms, d_ms = ms[0], ms[1: 1 + len(verify_widths)], ms[1 + len(verify_widths):]
     return CostProfile(device=jax.devices()[0].device_kind, verify_widths=list(verify_widths), verify_ms=v_ms,
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
@@ -157,8 +178,8 @@ def cached_profile(key: str, measure, directory: str) -> CostProfile:
 
 # Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers;
 # 4: the verify forward reads the cache and returns the new keys/values; widths timed in interleaved rounds;
-# 5: the skinny CPU matmul kernel and the width-4 verify bucket).
-PROFILE_VERSION = 5
+# 5: the skinny CPU matmul kernel and the width-4 verify bucket; 6: steps timed in a loop, `LOOP_STEPS`).
+PROFILE_VERSION = 6
 
 
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:

@@ -134,3 +134,14 @@ def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
     first = primed.generate([prompt], policy=pol, max_new_tokens=24, budget="auto")
     assert first.stats.budget == (0, 0) and first.policy == "sage" and first.token_ids == ref
     assert primed.chooser(pol).acceptance.requests == 1  # the prior; a plain request adds no tree statistics
+
+
+def test_profile_steps_run_in_a_loop_that_feeds_each_step_the_last_ones_tokens():
+    """`budget._looped`: `LOOP_STEPS` steps under one jit, the cache carried and each step's tokens the previous
+    step's output (a loop-invariant step could be hoisted out and timed once)."""
+    import jax.numpy as jnp
+
+    run = budget._looped(lambda m, cache, tok: (tok * 2 + m, cache + 1))
+    tok, cache = run(jnp.int32(1), jnp.zeros((2,)), jnp.int32(3))
+    n = budget.LOOP_STEPS
+    assert int(tok) == 3 * 2**n + (2**n - 1) and np.all(np.asarray(cache) == n)
