@@ -46,9 +46,10 @@ def read_answer_lines(path: str) -> list[dict]:
 
 
 def self_prompts(engine, path: str, n: int, *, batch: int, temperature: float, max_tokens: int = 64,
-                 progress: bool = True) -> list[str]:
+                 progress: bool = True, deadline: float | None = None) -> list[str]:
     """The first `n` acceptable user messages the target samples, batch by batch (batch k at seed k, opening with
-    `self_prompts.STARTERS[k]`), appended to `path` as they come so that a rerun resumes."""
+    `self_prompts.STARTERS[k]`), appended to `path` as they come so that a rerun resumes; fewer when a batch ends
+    after `deadline` (a `time.monotonic()` value)."""
     from tqdm import tqdm
 
     from sage_jax import chat
@@ -73,7 +74,7 @@ def self_prompts(engine, path: str, n: int, *, batch: int, temperature: float, m
     eos = set(engine.cfg.eos_token_ids)
     with open(path, "a") as f, tqdm(total=n, initial=len(texts), desc="prompts", unit="prompt",
                                     disable=not progress) as bar:
-        while len(texts) < n:
+        while len(texts) < n and (deadline is None or time.monotonic() < deadline):
             start = sp.STARTERS[seed % len(sp.STARTERS)]
             opening = engine.tokenizer.encode(start, add_special_tokens=False) if start else []
             gen = engine.generate([prefix + opening] * batch, policy="ar", temperature=temperature,

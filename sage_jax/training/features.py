@@ -35,9 +35,9 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 from jaxtyping import Array, Float, Int
 
-from sage_jax.models import layers
 from sage_jax.models.lm import LM
 from sage_jax.training import data as ddata
+from sage_jax.training import online
 
 SCALARS = ("lengths", "answer_start", "kind")
 
@@ -60,12 +60,7 @@ def teacher_forced(model: LM, tokens: Int[Array, "B T"], taps: tuple[int, ...]
                    ) -> tuple[Float[Array, "B T Z"], Float[Array, "B T D"], Int[Array, "B T"]]:
     """(tapped layer inputs or, without taps, the last hidden state; the last hidden state; the argmax) of
     right-padded rows, each attending causally from slot 0 (padding after a row's end changes nothing before)."""
-    b, t = tokens.shape
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    out = model.forward(tokens, pos, layers.causal_mask(t, jnp.zeros((b,), jnp.int32)), taps=taps)
-    hidden = out[0]
-    feats = out[2] if taps else hidden
-    top = jnp.argmax(model.head(hidden), -1).astype(jnp.int32)
+    feats, hidden, top = online.target_features(model, tokens, taps)
     return feats.astype(jnp.float16), hidden.astype(jnp.float16), top
 
 

@@ -285,7 +285,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
         vpath = os.path.join(workdir, "vocab.npy")
         if os.path.exists(vpath):
             vocab_ids = np.load(vpath)
-        elif c.eagle.init_from:  # a continued head keeps its vocabulary (`_eagle_init` checks its size)
+        elif c.eagle.init_from:  # a continued head keeps its vocabulary (`eagle_init` checks its size)
             vocab_ids = np.asarray(store.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
             np.save(vpath, vocab_ids)
         else:
@@ -297,7 +297,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     fz = train.frozen_target(lm_t, vocab_ids)
     prov = {"recipe": c.to_json(), "target": source}
     if "eagle" in c.kinds:
-        hcfg, p0 = _eagle_init(c, tcfg, lm_t, vocab_ids)
+        hcfg, p0 = eagle_init(c, tcfg, lm_t, vocab_ids)
         tc, taps = c.eagle.train, tuple(c.eagle.taps)
         task = train.eagle_task(hcfg, tc)
         log(f"[eagle] head: {train.describe(p0)}")
@@ -334,7 +334,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     return summary
 
 
-def _eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfig, dict]:
+def eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfig, dict]:
     """The head's config and its parameters before training (an own LM head warm-started from the target's), or
     those of `eagle.init_from`, checked against the recipe. A head continued without an own LM head may gain one
     (`eagle.own_head`): warm-started from the target's rows, it starts as exactly the head it continues, so what
@@ -378,7 +378,7 @@ def export_head(c: DraftRecipe, workdir: str, step: int | None = None, log=_log)
     lm_t = target.serving()
     vpath = os.path.join(workdir, "vocab.npy")
     vocab_ids = np.load(vpath) if c.vocab_size > 0 else None
-    hcfg, p0 = _eagle_init(c, tcfg, lm_t, vocab_ids)
+    hcfg, p0 = eagle_init(c, tcfg, lm_t, vocab_ids)
     opt = train.optimizer(c.eagle.train)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {
         "params": p0, "opt_state": opt.init(p0), "step": np.zeros((), np.int32), "data_index": np.zeros((), np.int32)})

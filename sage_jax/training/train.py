@@ -350,6 +350,8 @@ class Result:
     losses: dict[int, float]  # step -> loss of that step (this process's steps only)
     evals: dict[int, float]  # step -> held-out acceptance
     seconds: float
+    first_step_seconds: float = 0.0  # this run's first step, its compile included
+    step_seconds: float = 0.0  # the mean of its later steps (held-out evaluations and checkpoints included)
 
 
 def optimizer(tc: TrainConfig) -> optax.GradientTransformation:
@@ -391,9 +393,11 @@ def evaluate(task: Task, params, fz, heldout: dict[str, np.ndarray], batch_size:
 
 def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray], heldout: dict[str, np.ndarray],
           tc: TrainConfig, workdir: str, *, mesh=None, stop_at: int | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> Result:
+          log: Callable[[str], None] | None = None, deadline: float | None = None) -> Result:
     """Trains (or resumes from `workdir`'s latest checkpoint) up to `tc.steps` (or `stop_at`, to simulate an
-    interruption). Returns the final params and this run's losses and held-out acceptances."""
+    interruption; or the first step that ends after `deadline`, a `time.monotonic()` value, checkpointed there so
+    that a rerun resumes: a lease on a device runs out). Returns the final params and this run's losses and
+    held-out acceptances."""
     mesh = sharding.make_mesh() if mesh is None else mesh
     log = log or (lambda s: tqdm.write(s))
     opt = optimizer(tc)
@@ -435,7 +439,12 @@ def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray],
             tokens_seen += int(np.sum(batch["lengths"]))
             params, opt_state, loss, metrics = step_fn(params, opt_state, fz, _put_batch(batch))
             losses[step] = float(loss)
+            if step == step0:
+                t_first = time.perf_counter()
             done = step + 1
+            if deadline is not None and done < stop and time.monotonic() >= deadline:
+                log(f"[{task.name}] deadline reached at step {done}/{tc.steps}")
+                stop = done
             if done % tc.log_every == 0 or done == stop:
                 tok_s = tokens_seen / (time.perf_counter() - t0)
                 if progress:
@@ -452,12 +461,17 @@ def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray],
                 mngr.save(done, args=ocp.args.StandardSave({
                     "params": params, "opt_state": opt_state, "step": jnp.asarray(done, jnp.int32),
                     "data_index": jnp.asarray(index0 + done - step0, jnp.int32)}), force=True)
+            if done == stop:
+                break
         bar.close()
         mngr.wait_until_finished()
     mngr.close()
     params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
+    n = len(losses)
+    timing = {} if not n else {"first_step_seconds": t_first - t0,
+                               "step_seconds": (time.perf_counter() - t_first) / max(n - 1, 1)}
     return Result(params=params, step=max(stop, step0), losses=losses, evals=evals,
-                  seconds=time.perf_counter() - t_start)
+                  seconds=time.perf_counter() - t_start, **timing)
 
 
 def initial_acceptance(task: Task, params, fz, heldout, batch_size: int, mesh=None) -> float:

@@ -80,6 +80,9 @@ def test_self_prompts_filter_dedupe_and_resume(smollm2, tmp_path):
     assert eng2.seeds == []  # nothing sampled again
     more = build_datastore.self_prompts(eng2, path, 8, batch=4, temperature=0.8, progress=False)
     assert more[:6] == got and len(more) == 8 and eng2.seeds == [3]  # the file held 7: one batch more
+    eng3 = _FakeEngine(tok, eos, texts)  # a deadline already past: what the file holds, nothing sampled
+    held = build_datastore.self_prompts(eng3, path, 40, batch=4, temperature=0.8, progress=False, deadline=0.0)
+    assert eng3.seeds == [] and held[:8] == more and 8 <= len(held) < 40
 
 
 def test_answer_rows_of_self_prompts(smollm2, tmp_path):
