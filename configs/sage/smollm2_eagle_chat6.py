@@ -1,4 +1,5 @@
-"""The shipped head (`smollm2_eagle_chat4`) trained 800 steps more on the target's greedy answers to chat prompts
+"""The CPU form of `smollm2_eagle_device` (not run: that recipe made the shipped head on a lent H200 with 13 times
+these answers): `smollm2_eagle_chat4`'s head trained 800 steps more on the target's greedy answers to chat prompts
 it wrote itself (`build_datastore --prompts self`: user messages sampled from the chat template's empty user slot,
 opening in turn with `training/self_prompts.STARTERS`, held-out prompts and their close relatives filtered out),
 teacher-forced for their features (`data.answers`). Where WordNet's templates ask about random nouns, these are
@@ -9,7 +10,7 @@ the kind of requests the target was tuned on, so the data moves towards what cha
     python -m sage_jax.train_draft --config smollm2_eagle_chat6 --workdir runs/smollm2_eagle_chat6
 
 (the first step: ~25 min to sample the prompts and ~25 min to answer them on the 2-core CPU; the second continues
-the shipped head, `eagle.init_from`, and answers chat2's held-out block for its held-out rows.)
+chat4's head, `eagle.init_from`, and answers chat2's held-out block for its held-out rows.)
 """
 
 import dataclasses
@@ -22,4 +23,4 @@ def get_config() -> DraftRecipe:
     c = smollm2_eagle_chat4.get_config()
     return dataclasses.replace(c, data=dataclasses.replace(c.data, answers="runs/self_prompts/answers.jsonl",
                                                            n_answers=2048),
-                               eagle=dataclasses.replace(c.eagle, init_from="sage_jax/assets/smollm2_eagle"))
+                               eagle=dataclasses.replace(c.eagle, init_from="runs/smollm2_eagle_chat4/eagle_head"))

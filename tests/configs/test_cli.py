@@ -130,10 +130,14 @@ def test_every_sage_draft_recipe_loads():
 
     names = [m.name for m in pkgutil.iter_modules(configs.sage.__path__)]
     recipes = [n for n in names if n.startswith(("smollm2_eagle", "tiny"))]
-    assert {"smollm2_eagle_chat2", "smollm2_eagle_chat4", "smollm2_eagle_chat6", "tiny"} <= set(recipes)
+    want = {"smollm2_eagle_chat2", "smollm2_eagle_chat4", "smollm2_eagle_chat6", "smollm2_eagle_device", "tiny"}
+    assert want <= set(recipes)
     for name in recipes:
         cfg = cli.load_config(name, "configs.sage", DraftRecipe)
         assert cfg.kinds, name
     chat6 = cli.load_config("smollm2_eagle_chat6", "configs.sage", DraftRecipe)
     assert chat6.data.answers == "runs/self_prompts/answers.jsonl" and not chat6.data.rollouts
-    assert chat6.eagle.init_from == "sage_jax/assets/smollm2_eagle"
+    assert chat6.eagle.init_from == "runs/smollm2_eagle_chat4/eagle_head"
+    device = cli.load_config("smollm2_eagle_device", "configs.sage", DraftRecipe)  # the shipped head's recipe
+    assert device.eagle.init_from == chat6.eagle.init_from and not device.data.rollouts and device.data.answers
+    assert (device.vocab_size, device.eagle.taps, device.eagle.train.batch_size) == (8192, (), 64)
