@@ -1,0 +1,41 @@
+"""Decoded τ+1 of an EAGLE head on chat prompts: SAGE alone (the paper's settings), `ds` (SAGE + an 8-token
+prompt-lookup chain + the datastore chain) and `ds0` (the same at θ = 0), 128 new tokens, batches of 8, every
+output checked against AR.
+
+    python benchmarks/sage/eval_head.py HEAD {held,bench} OUT.json [alone,ds,ds0]
+
+HEAD: a head checkpoint directory (its datastore.npz lends the datastore chain) or "shipped". `held`: the 24
+held-out `EVAL_PROMPTS` (never in training data); `bench`: the bench's 32 chat prompts, on which heads are chosen.
+"""
+
+import json
+import sys
+
+from sage_jax.bench.acceptance import evaluate
+from sage_jax.engine import load_engine
+from sage_jax.prompts import EVAL_PROMPTS, bench_prompts
+
+KW = {"alone": {}, "ds": {"retrieval": 8, "datastore": True}, "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0}}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (3, 4) or argv[1] not in ("held", "bench"):
+        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        return 2
+    head, which, out = argv[:3]
+    keys = argv[3].split(",") if len(argv) == 4 else ["alone", "ds0"]
+    engine = load_engine(None, None if head == "shipped" else head)
+    texts = bench_prompts() if which == "bench" else [t for _, t in EVAL_PROMPTS]
+    ids = [engine.encode(t) for t in texts]
+    res = {"head": head, "prompts": which, "n": len(ids), "max_new_tokens": 128, "batch": 8}
+    for k in keys:
+        r = evaluate(engine, ids, ["sage"], 128, batch=8, policy_kw=KW[k], progress=False)["sage"]
+        res[k] = {f: r.get(f) for f in ("tau", "tokens_per_step", "identical", "per_prompt_min", "per_prompt_max")}
+        print(k, res[k], flush=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
