@@ -36,6 +36,19 @@ def _chooser(verify_ms, accept_p, retrieval=(0, 0)):
     return ch
 
 
+def test_expected_tau_is_the_lesser_of_the_rank_and_depth_cuts():
+    """100 steps of full trees that accepted τ = 0, 1, 2, 3 in 40 / 30 / 20 / 10 of them, by priority rank 0.6 / 0.25
+    / 0.15. A one-node tree accepts rank 1's 0.6 at any depth cap (the rank-1 node is a depth-1 node; the product of
+    the two cuts gave 0.36), a depth cap alone gives E[min(τ, d)], the full tree its τ."""
+    acc = budget.AcceptanceStats(n_max=8, d_cap=4)
+    acc.accepted[1:4] = [60, 25, 15]
+    acc.offered[1:] = 100
+    acc.depth_hist[:] = [40, 30, 20, 10, 0]
+    want = {(1, 1): 0.6, (1, 4): 0.6, (8, 1): 0.6, (2, 2): 0.85, (3, 2): 0.9, (8, 4): 1.0}
+    for (n, d), tau in want.items():
+        np.testing.assert_allclose(acc.expected_tau(n, d), tau, rtol=1e-9, err_msg=str((n, d)))
+
+
 def test_chooser_follows_the_cost_curve():
     p = [0.6, 0.3, 0.1, 0.05] + [0.02] * 60  # acceptance by priority rank
     flat = _chooser([10.0, 10.0, 10.5, 11.0], p)  # TPU-like: verify cost flat in N
