@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 
 
 def _log_to(path: str):
-    f = open(path, "a", buffering=1)  # noqa: SIM115 (kept open for the run)
+    f = open(path, "a", buffering=1)  # kept open for the whole run, line-buffered
 
     def log(msg: str) -> None:
         line = f"[{time.monotonic() - T0:6.1f}s] {msg}"
@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.answers:  # an earlier run's answers: straight to training
         with (gzip.open if args.answers.endswith(".gz") else open)(args.answers, "rb") as f, open(answers, "wb") as g:
             g.write(f.read())
-        summary["prompts"] = summary["answers"] = sum(1 for _ in open(answers))
+        with open(answers) as f:
+            summary["prompts"] = summary["answers"] = sum(1 for _ in f)
         log(f"answers: {summary['answers']} from {args.answers}")
     else:
         # 1. Prompts the target writes itself.
