@@ -14,7 +14,9 @@ Phases (fractions of --seconds): the target samples user messages from its chat 
 `build_datastore`'s format, until 50%; then trains the recipe's head (`configs/sage/smollm2_eagle_device.py`: the
 shipped head continued) on those rows, the target's features computed in the step (`training/online.py`), until
 --seconds less a reserve for writing. The step count is the recipe's, or fewer: the number of steps that fit, from
-the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the same machine) exists.
+the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the same machine) exists. Between two
+device calls only paths outside the repository were seen to survive (2026-12-04), so give both calls a --workdir
+under /tmp for the probe's timings and compilation cache to carry over.
 
 With --answers (an earlier run's answers.jsonl.gz) it skips both and trains on those rows; --init-from, --lr and
 --steps then e.g. anneal an earlier run's head. The same held-out rows are kept out either way (a fixed split).
@@ -93,14 +95,13 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
     target = Decoder(cfg, rngs=nnx.Rngs(0))
     engine = Engine(target, matmul="xla")
     res = {"jax": jax.__version__, "device": str(jax.devices()[0])}
-    for batch in (decode_batch,):
-        ids = [[1 + (i * 7 + j) % 1000 for j in range(40)] for i in range(batch)]
-        for rep in range(2):
-            t = time.monotonic()
-            gen = engine.generate(ids, policy="ar", max_new_tokens=128, temperature=[0.8] * batch, seed=rep)
-            dt = time.monotonic() - t
-            log(f"decode batch {batch} x 128 (rep {rep}): {dt:.2f}s, {sum(map(len, gen.token_ids)) / dt:.0f} tok/s")
-        res[f"decode_{batch}_s"] = dt
+    ids = [[1 + (i * 7 + j) % 1000 for j in range(40)] for i in range(decode_batch)]
+    for rep in range(2):  # the first call compiles
+        t = time.monotonic()
+        gen = engine.generate(ids, policy="ar", max_new_tokens=128, temperature=[0.8] * decode_batch, seed=rep)
+        dt = time.monotonic() - t
+        log(f"decode batch {decode_batch} x 128 (rep {rep}): {dt:.2f}s, {sum(map(len, gen.token_ids)) / dt:.0f} tok/s")
+    res[f"decode_{decode_batch}_s"] = dt
     c = smollm2_eagle_device.get_config()
     tc = dataclasses.replace(c.eagle.train, steps=steps, eval_every=0, ckpt_every=1000,
                              batch_size=batch_size or c.eagle.train.batch_size)
