@@ -3,12 +3,12 @@
 Two tables, each timed in interleaved rounds (median ms; the machine is shared, so read the ratios):
 
 1. One forward's worth of SmolLM2-135M's matmuls (30 layers of qkv / o / gate|up / down, then the tied 49,152-row
-   LM head) through the kernel alone, for M = 1..8 columns (XLA's dot backends on the same shapes:
+   LM head) through the kernel alone, for M = 1..8, 12 and 16 columns (XLA's dot backends on the same shapes:
    `cpu_small_m.py`; on a fresh [D, M] input outside a model XLA's GEMM is far slower than inside one, so the
    like-for-like comparison is the second table).
 2. The real target (shipped SmolLM2-135M-Instruct): a plain decoding step and the speculative verify forward at
-   widths 1..8 (cache-reading, as the decoding loop runs it), and a draft level of the shipped EAGLE head, with
-   `LMConfig.matmul` "auto" (the kernel up to `MAX_COLUMNS` rows) against "xla".
+   widths 1..8, 12 and 16 (cache-reading, as the decoding loop runs it), and a draft level of the shipped EAGLE
+   head, with `LMConfig.matmul` "auto" (the kernel up to `MAX_COLUMNS` rows) against "xla".
 
     python benchmarks/sage/skinny_matmul.py [--rounds 15] [--out benchmarks/sage/results/skinny_matmul]
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8)
+WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 # SmolLM2-135M serving matrices [out, in]: fused qkv, o, fused gate|up, down; 30 layers; the tied head.
 _LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 

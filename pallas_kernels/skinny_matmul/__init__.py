@@ -6,8 +6,9 @@
 
 Not a Pallas kernel: on XLA:CPU it is a C++ FFI kernel (`kernel.cc`, built for the host on first use by
 `build.py`), because XLA:CPU's dot handles one column as a memory-bound GEMV but 2-8 columns as a GEMM built for
-large M (2-core EPYC, SmolLM2-135M's matmuls: 2 columns cost 1.7x one; the kernel: 1.2x, and one column 0.8x of
-XLA's). Elsewhere (TPU, GPU, a sharded model, bfloat16, many columns, no compiler) it is the jnp reference,
+large M (2-core EPYC, SmolLM2-135M's matmuls: 2 columns cost 1.7x one; the kernel, which streams each weight
+row once with the stream prefetched ahead: 1.03x, four columns 1.04x, and one column 0.8x of XLA's). Elsewhere
+(TPU, GPU, a sharded model, bfloat16, many columns, no compiler) it is the jnp reference,
 `reference.skinny_matmul_reference`, which is also the kernel's oracle in tests.
 
 The kernel's column results do not depend on M or on the other columns, bit for bit (kernel.cc, "Numerics"): a
@@ -31,10 +32,11 @@ __all__ = ["MAX_COLUMNS", "kernel_usable", "skinny_matmul", "skinny_matmul_refer
 
 Impl = Literal["auto", "kernel", "reference"]
 
-#: Up to this many columns "auto" takes the kernel: on the 2-core EPYC the real target's verify forward costs 28 /
-#: 43 / 52 ms at 2 / 4 / 6 rows with it against 47 / 50 / 60 with XLA's dot, and from 7 rows on XLA's GEMM is as
-#: fast (benchmarks/sage/results/skinny_matmul/table.md).
-MAX_COLUMNS = 6
+#: Up to this many columns "auto" takes the kernel: on the 2-core EPYC the real target's verify forward costs 1.05
+#: / 1.10 / 1.53 / 2.40 of its own plain decoding step at 2 / 4 / 8 / 12 rows with it against 1.55 / 1.65 / 1.89 /
+#: 2.49 with XLA's dot, and the kernel's 16 columns cost 4.0x its one where XLA's GEMM is flat from 12 to 16
+#: (benchmarks/sage/results/skinny_matmul/table.md).
+MAX_COLUMNS = 12
 
 
 def _multi_device_mesh() -> bool:

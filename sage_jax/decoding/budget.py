@@ -178,8 +178,9 @@ def cached_profile(key: str, measure, directory: str) -> CostProfile:
 
 # Bumped whenever the model code's cost curve changes, so no cached profile outlives it (3: feature-major layers;
 # 4: the verify forward reads the cache and returns the new keys/values; widths timed in interleaved rounds;
-# 5: the skinny CPU matmul kernel and the width-4 verify bucket; 6: steps timed in a loop, `LOOP_STEPS`).
-PROFILE_VERSION = 6
+# 5: the skinny CPU matmul kernel and the width-4 verify bucket; 6: steps timed in a loop, `LOOP_STEPS`; 7: the
+# kernel prefetches its weight stream, which made 2-4 columns cost about one, and takes up to 12 columns).
+PROFILE_VERSION = 7
 
 
 def profile_key(target_cfg, draft_desc: str, capacity: int, verify_widths, draft_widths) -> str:

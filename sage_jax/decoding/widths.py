@@ -31,8 +31,8 @@ def sizes(capacity: int, smallest: int = 1, ratio: int = 4) -> tuple[int, ...]:
 
 def draft_sizes(capacity: int, ratio: int = 4) -> tuple[int, ...]:
     """The draft's widths (catch-up, tree levels) for up to `capacity` rows: `sizes(capacity, 1, ratio)` and
-    width 2 (with bucketing on). A catch-up after one accepted token has two rows, which the skinny CPU matmul
-    kernel runs at about 0.75 of a four-row forward (`pallas_kernels/skinny_matmul`)."""
+    width 2 (with bucketing on): a catch-up after one accepted token has two rows, and a two-row forward is the
+    cheapest one past a single row wherever matmuls cost by their columns (XLA's dot on any backend)."""
     base = sizes(capacity, 1, ratio)
     if len(base) > 1 and capacity > 2:
         base = tuple(sorted(set(base) | {2}))
@@ -41,8 +41,8 @@ def draft_sizes(capacity: int, ratio: int = 4) -> tuple[int, ...]:
 
 def verify_sizes(tree_size: int, ratio: int = 4, retrieval: int = 0) -> tuple[int, ...]:
     """The target's verify widths for trees of `tree_size` slots (root included): `sizes(tree_size, 2, ratio)` and
-    width 4 (with bucketing on): on CPU the skinny matmul kernel makes a 4-row verify cost about 1.7 one-row steps
-    against 2.3 for the 8-row bucket, so small trees need a bucket of their own (`pallas_kernels/skinny_matmul`). A
+    width 4 (with bucketing on): on CPU the skinny matmul kernel makes a 4-row verify cost about 1.1 one-row steps
+    against 1.5 for the 8-row bucket, so small trees need a bucket of their own (`pallas_kernels/skinny_matmul`). A
     policy with retrieval chains of length L (`TreePolicy.retrieval`) also gets width 1 and the root + one whole
     chain rounded up to a multiple of 8. With node budget 0 only the chains are verified: a step whose chain is
     gated off or missing is then the root alone, which costs a plain decoding step at width 1 instead of 1.4-1.5

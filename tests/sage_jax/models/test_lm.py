@@ -171,5 +171,7 @@ def _check_kernel_use(serve, target):
         xla, text = run(serve.with_matmul("xla"), t)
         assert target not in text
         np.testing.assert_allclose(auto, xla, rtol=1e-5, atol=1e-4)
-    _, text = run(serve, 12)  # 12 rows: past `MAX_COLUMNS`, XLA's GEMM
+    from pallas_kernels.skinny_matmul import MAX_COLUMNS
+
+    _, text = run(serve, MAX_COLUMNS + 1)  # past `MAX_COLUMNS`: XLA's GEMM
     assert target not in text
