@@ -9,9 +9,9 @@ Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax
 statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. `--vlm`: the shipped
 home-trained VLM and its draft (or `--draft`) on held-out Fashion-MNIST test images past the 100 that
 `bench --vlm` asks about, with the bench's questions in turn. `--retrieval L` merges an L-token prompt-lookup chain
-into every tree policy's trees; `--datastore` also one from a datastore of the target's answers (the draft
-checkpoint's datastore.npz, or DIR's; `python -m sage_jax.build_datastore`). Bad input: one line `error: ...`, exit
-code 2.
+into every tree policy's trees (every chain, ungated: what they add to acceptance, where `TreePolicy.retrieval_gate`
+is tuned for speed); `--datastore` also one from a datastore of the target's answers (the draft checkpoint's
+datastore.npz, or DIR's; `python -m sage_jax.build_datastore`). Bad input: one line `error: ...`, exit code 2.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def _main(argv: list[str] | None) -> int:
         raise cli.BadInput(f"--policies: unknown {bad or args.policies!r}; choose from {', '.join(POLICIES)}")
     if args.datastore is not None and not args.retrieval:  # 8, or the shallowest policy's depth cap
         args.retrieval = min(8, *(TreePolicy.named(p).d_cap for p in policies))
-    policy_kw = {"retrieval": args.retrieval, "datastore": args.datastore is not None} if args.retrieval else {}
+    # Every chain merged (gate 0): what the chains can add to acceptance, not the speed-tuned default gate.
+    policy_kw = ({"retrieval": args.retrieval, "datastore": args.datastore is not None, "retrieval_gate": 0.0}
+                 if args.retrieval else {})
     for name in policies if policy_kw else ():
         try:
             TreePolicy.named(name, **policy_kw)

@@ -15,7 +15,9 @@ from sage_jax.bench.acceptance import evaluate
 from sage_jax.engine import load_engine
 from sage_jax.prompts import EVAL_PROMPTS, bench_prompts
 
-KW = {"alone": {}, "ds": {"retrieval": 8, "datastore": True}, "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0}}
+# Every chain merged (retrieval_gate 0): acceptance, the figure these rows report, not the speed-tuned default gate.
+KW = {"alone": {}, "ds": {"retrieval": 8, "datastore": True, "retrieval_gate": 0.0},
+      "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0, "retrieval_gate": 0.0}}
 
 
 def main(argv: list[str]) -> int:

@@ -11,9 +11,11 @@ A chain costs verify width whether or not it is accepted, and on free text the l
 earlier unigram. So each row keeps the running precision of its chains (`precision`: how much of each chain's
 leading run the target committed, measured after every step even when the chain was not merged) and merges its
 chain only while that precision reaches the policy's `retrieval_gate`: on for a row that is copying, off (at no
-cost) for one that is not, and back on within a step or two when it starts. Beside a draft tree the default gate
-is 0 (every chain merged), which measured best on this CPU; verified alone (node budget 0) a chain is gated at
-`TreePolicy.chains_gate` (0.5), since there a held-back chain leaves the root alone, a plain decoding step.
+cost) for one that is not, and back on within a step or two when it starts: `TreePolicy.retrieval_gate` beside a
+draft tree, `TreePolicy.chains_gate` where the chain is verified alone (node budget 0; a held-back chain then
+leaves the root alone, a plain decoding step), both 0.5 by default. And a merged chain never widens the verify
+forward past the bucket that holds the draft's tree or the root and one whole chain (`merge`'s `limit`,
+`speculative.chain_limit`): a chain's tail beyond it costs a wider forward than it is likely to repay.
 """
 
 from __future__ import annotations
@@ -62,17 +64,23 @@ def widen(tree: Tree, extra: int) -> Tree:
                 ancestors=jnp.pad(tree.ancestors, ((0, 0), (0, extra), (0, extra))))
 
 
-def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"]) -> Tree:
-    """Merges each row's chain `cand[:n_cand]` into `tree` (which has room for it: `widen`), from the root."""
+def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"],
+          limit: Int[Array, " B"] | None = None) -> Tree:
+    """Merges each row's chain `cand[:n_cand]` into `tree` (which has room for it: `widen`), from the root.
+    `limit`: at most this many valid nodes per row after the merge; the chain stops at its first token that would
+    need a node past it (tokens the tree already has cost nothing and are still followed)."""
     b, w = tree.tokens.shape
     rows = jnp.arange(b)
     cur = jnp.zeros((b,), jnp.int32)  # the chain's node at the current depth (root first)
     count = jnp.sum(tree.valid, axis=1).astype(jnp.int32)
+    limit = jnp.full((b,), w, jnp.int32) if limit is None else limit
+    alive = jnp.ones((b,), bool)
     for d in range(cand.shape[1]):
-        on = d < n_cand
         tok = cand[:, d]
         same = tree.valid & (tree.parent == cur[:, None]) & (tree.tokens == tok[:, None])
         have = jnp.any(same, axis=1)
+        alive = alive & (have | (count < limit))
+        on = (d < n_cand) & alive
         existing = jnp.argmax(same, axis=1).astype(jnp.int32)
         new = on & ~have
         slot = jnp.where(new, count, w)  # w = dropped by the scatters

@@ -3,6 +3,8 @@ reuses the draft's nodes, appends the rest packed and ancestor-closed; every pol
 lossless; the gate's precision counts the leading run the target confirmed; accepted tokens split exactly into
 draft ranks and chain nodes; on a prompt the model copies, the chain is accepted in long runs."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,6 +64,30 @@ def test_merge_reuses_nodes_and_appends_the_rest():
     assert np.asarray(out.valid)[0].sum() == 7
     out = retrieval.merge(tree, jnp.asarray([[13, 9, 9, 9]]), jnp.asarray([0]))  # no candidates: unchanged
     assert np.asarray(out.valid)[0].sum() == 4
+
+
+def test_merge_stops_where_a_new_node_would_pass_the_limit():
+    tree = retrieval.widen(_tree(), 3)
+    # a, b reused (free), then 14 needs slot 4 (the 5th node: allowed at limit 5), 15 would be the 6th: dropped
+    out = retrieval.merge(tree, jnp.asarray([[11, 12, 14, 15]]), jnp.asarray([4]), jnp.asarray([5]))
+    assert np.asarray(out.valid)[0].sum() == 5 and int(out.tokens[0, 4]) == 14
+    # under c: 9 is new at the limit already, so neither it nor what follows it is merged
+    out = retrieval.merge(tree, jnp.asarray([[13, 9, 9, 9]]), jnp.asarray([4]), jnp.asarray([4]))
+    assert np.asarray(out.valid)[0].sum() == 4
+
+
+def test_chain_limit_keeps_the_verify_width_bucket():
+    """The chains fill a tree up to the verify width that holds the draft's tree or the root and one whole chain,
+    whichever is wider: never into the next bucket (widths 1, 2, 4, 8, 32, 72 for SAGE with a 7-token chain)."""
+    from sage_jax.decoding import speculative
+
+    pol = TreePolicy.sage(retrieval=7)
+    cfg = speculative.SpecConfig(policy=pol, prompt_len=16, max_new_tokens=8)
+    assert widths.verify_sizes(pol.tree_size, 4, 7) == (1, 2, 4, 8, 32, pol.tree_size)
+    got = speculative.chain_limit(cfg, pol.tree_size, jnp.asarray([1, 2, 4, 8, 9, 20, 40]))
+    assert np.asarray(got).tolist() == [8, 8, 8, 8, 32, 32, pol.tree_size]
+    flat = speculative.chain_limit(dataclasses.replace(cfg, bucket_ratio=1), pol.tree_size, jnp.asarray([4]))
+    assert int(flat[0]) == pol.tree_size  # without bucketing every width costs the same: no limit
 
 
 def test_precision_counts_the_leading_confirmed_run():
