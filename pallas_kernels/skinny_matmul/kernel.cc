@@ -6,7 +6,7 @@
 // streamed once, in order, and dotted with all M columns while it is in registers, and the stream is prefetched
 // into L2 a fixed distance ahead (kPrefetch): without that the FMAs of each further column held back the loads
 // behind them and the stream slowed with M (134M weights: ~18 / 20 / 41 / 46 ms at 1 / 2 / 4 / 8 columns);
-// with it one to four columns run at the memory's speed (~18 ms) and eight at about 1.35x that.
+// with it one to four columns run at the memory's speed (~18 ms) and eight at 1.35-1.5x that.
 //
 // Numerics: output (e, m) is computed the same way whatever M is and whichever columns it is blocked with: L
 // lane-wise partial sums over D, chunk k into partial sum k % kSplit (fused multiply-add), the partial sums added

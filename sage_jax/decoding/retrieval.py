@@ -68,7 +68,7 @@ def merge(tree: Tree, cand: Int[Array, "B chain"], n_cand: Int[Array, " B"],
           limit: Int[Array, " B"] | None = None) -> Tree:
     """Merges each row's chain `cand[:n_cand]` into `tree` (which has room for it: `widen`), from the root.
     `limit`: at most this many valid nodes per row after the merge; the chain stops at its first token that would
-    need a node past it (tokens the tree already has cost nothing and are still followed)."""
+    need a node past it (up to there, tokens the tree already holds cost no node)."""
     b, w = tree.tokens.shape
     rows = jnp.arange(b)
     cur = jnp.zeros((b,), jnp.int32)  # the chain's node at the current depth (root first)
