@@ -1,8 +1,9 @@
 """Decoded τ+1 of an EAGLE head on chat prompts: SAGE alone (the paper's settings), `ds` (SAGE + an 8-token
 prompt-lookup chain + the datastore chain) and `ds0` (the same at θ = 0), 128 new tokens, batches of 8, every
-output checked against AR.
+output checked against AR. Readings of the paper's ambiguities, SAGE alone: `cumulative` (θ_l on the path's
+probability, the formal statement), `no-history` (no D_max hysteresis), `theta0` (no threshold).
 
-    python benchmarks/sage/eval_head.py HEAD {held,bench} OUT.json [alone,ds,ds0]
+    python benchmarks/sage/eval_head.py HEAD {held,bench} OUT.json [alone,ds,ds0,cumulative,no-history,theta0]
 
 HEAD: a head checkpoint directory (its datastore.npz lends the datastore chain) or "shipped". `held`: the 24
 held-out `EVAL_PROMPTS` (never in training data); `bench`: the bench's 32 chat prompts, on which heads are chosen.
@@ -17,15 +18,19 @@ from sage_jax.prompts import EVAL_PROMPTS, bench_prompts
 
 # Every chain merged (retrieval_gate 0): acceptance, the figure these rows report, not the speed-tuned default gate.
 KW = {"alone": {}, "ds": {"retrieval": 8, "datastore": True, "retrieval_gate": 0.0},
-      "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0, "retrieval_gate": 0.0}}
+      "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0, "retrieval_gate": 0.0},
+      "cumulative": {"threshold_prob": "cumulative"}, "no-history": {"history": False}, "theta0": {"theta": 0.0}}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4) or argv[1] not in ("held", "bench"):
-        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print(next(ln.strip() for ln in __doc__.splitlines() if ln.strip().startswith("python")), file=sys.stderr)
         return 2
     head, which, out = argv[:3]
     keys = argv[3].split(",") if len(argv) == 4 else ["alone", "ds0"]
+    if unknown := [k for k in keys if k not in KW]:
+        print(f"unknown row {unknown[0]!r}; expected some of {','.join(KW)}", file=sys.stderr)
+        return 2
     engine = load_engine(None, None if head == "shipped" else head)
     texts = bench_prompts() if which == "bench" else [t for _, t in EVAL_PROMPTS]
     ids = [engine.encode(t) for t in texts]

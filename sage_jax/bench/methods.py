@@ -12,13 +12,15 @@ from typing import Any
 
 from sage_jax.decoding.policies import TreePolicy
 
-# SAGE ablations (sage.md §1.5): one dimension adapted, no history rule, the α source variants.
+# SAGE ablations (sage.md §1.5): one dimension adapted, no history rule, the α source variants, θ_l on the path's
+# cumulative probability (the paper's formal statement) instead of the candidate's own.
 SAGE_ABLATIONS: dict[str, dict[str, Any]] = {
     "sage-depth-only": dict(adapt_width=False),
     "sage-width-only": dict(adapt_depth=False),
     "sage-no-history": dict(history=False),
     "sage-fresh-root": dict(alpha_source="fresh_root"),
     "sage-path-mean": dict(alpha_source="accepted_path_mean"),
+    "sage-cumulative-theta": dict(threshold_prob="cumulative"),
 }
 HF_METHODS = ("hf-ar", "hf-pld", "hf-assisted")
 
