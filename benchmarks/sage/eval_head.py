@@ -1,9 +1,10 @@
 """Decoded τ+1 of an EAGLE head on chat prompts: SAGE alone (the paper's settings), `ds` (SAGE + an 8-token
 prompt-lookup chain + the datastore chain) and `ds0` (the same at θ = 0), 128 new tokens, batches of 8, every
 output checked against AR. Readings of the paper's ambiguities, SAGE alone: `cumulative` (θ_l on the path's
-probability, the formal statement), `no-history` (no D_max hysteresis), `theta0` (no threshold).
+probability, the formal statement), `no-history` (no D_max hysteresis), `cumulative-no-history` (both),
+`theta0` (no threshold).
 
-    python benchmarks/sage/eval_head.py HEAD {held,bench} OUT.json [alone,ds,ds0,cumulative,no-history,theta0]
+    python benchmarks/sage/eval_head.py HEAD {held,bench} OUT.json [alone,ds,ds0,cumulative,no-history,...]
 
 HEAD: a head checkpoint directory (its datastore.npz lends the datastore chain) or "shipped". `held`: the 24
 held-out `EVAL_PROMPTS` (never in training data); `bench`: the bench's 32 chat prompts, on which heads are chosen.
@@ -19,7 +20,8 @@ from sage_jax.prompts import EVAL_PROMPTS, bench_prompts
 # Every chain merged (retrieval_gate 0): acceptance, the figure these rows report, not the speed-tuned default gate.
 KW = {"alone": {}, "ds": {"retrieval": 8, "datastore": True, "retrieval_gate": 0.0},
       "ds0": {"retrieval": 8, "datastore": True, "theta": 0.0, "retrieval_gate": 0.0},
-      "cumulative": {"threshold_prob": "cumulative"}, "no-history": {"history": False}, "theta0": {"theta": 0.0}}
+      "cumulative": {"threshold_prob": "cumulative"}, "no-history": {"history": False},
+      "cumulative-no-history": {"threshold_prob": "cumulative", "history": False}, "theta0": {"theta": 0.0}}
 
 
 def main(argv: list[str]) -> int:
