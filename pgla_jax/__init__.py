@@ -4,7 +4,7 @@ Part 1, the attack side (importable on its own; nothing heavy is imported here):
 
     import jax, jax.numpy as jnp
     from pgla_jax import data, fl, metrics, protections
-    from pgla_jax.attacks import dlg
+    from pgla_jax.inversion import dlg
     from pgla_jax.config import AttackConfig, ProtectionConfig, VictimConfig
     from pgla_jax.models import split_victim
 
@@ -23,9 +23,10 @@ Part 1, the attack side (importable on its own; nothing heavy is imported here):
 Part 2, the gradient diffusion denoiser (`pgla_jax.denoise`)::
 
     from pgla_jax.codec import make_codec
-    from pgla_jax.denoise import denoisers, store
+    from pgla_jax.denoise import denoisers, denoiser_checkpoint
 
-    dens = denoisers.load(store.shipped_path(), make_codec(params, "image2d", 4))   # U-Net, DnCNN, prior, baselines
+    # the U-Net, DnCNN, Gaussian prior and closed-form baselines
+    dens = denoisers.load(denoiser_checkpoint.shipped_path(), make_codec(params, "image2d", 4))
     plan1 = protections.plan(cfg, epsilon=1.0, batch=1)          # ε = 10 is below the model's first step (t* = 0)
     g_dp1 = protections.protected_grad(graphdef, params, jnp.asarray(x), y1, jax.random.key(0), cfg=cfg,
                                        noise_plan=plan1)

@@ -118,7 +118,7 @@ def denoiser_path(spec: str, victim) -> str | None:
     if spec == "none":
         return None
     if spec == "shipped":
-        from pgla_jax.denoise.store import shipped_for
+        from pgla_jax.denoise.denoiser_checkpoint import shipped_for
 
         return shipped_for(victim)
     if not os.path.isdir(spec):

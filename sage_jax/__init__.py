@@ -60,7 +60,7 @@ _API = {
     "Generation": "sage_jax.engine",
     "Stats": "sage_jax.engine",
     "CausalLM": "sage_jax.models.causal_lm",
-    "VisionLM": "sage_jax.models.vision_lm",
+    "VisionLM": "sage_jax.io.vision_lm",
     "TreePolicy": "sage_jax.decoding.policies",
     "DraftSpec": "sage_jax.decoding.drafters",
     "SamplingConfig": "sage_jax.decoding.sampling",

@@ -23,81 +23,8 @@ import sys
 import time
 
 from configs import cli
-
-
-def read_answers(path: str) -> list[tuple[list[int], list[int]]]:
-    """The (prompt ids, answer ids) pairs of an answers.jsonl, in prompt order (a torn last line is dropped)."""
-    return [(r["prompt"], r["answer"]) for r in read_answer_lines(path)]
-
-
-def read_answer_lines(path: str) -> list[dict]:
-    """The lines of an answers.jsonl as dicts, in prompt order (a torn last line is dropped); lines of `--prompts
-    self` carry their prompt's "text" and "kind"."""
-    rows = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                rows[r["i"]] = r
-    return [rows[i] for i in sorted(rows)]
-
-
-def self_prompts(engine, path: str, n: int, *, batch: int, temperature: float, max_tokens: int = 64,
-                 progress: bool = True, deadline: float | None = None) -> list[str]:
-    """The first `n` acceptable user messages the target samples, batch by batch (batch k at seed k, opening with
-    `self_prompts.STARTERS[k]`), appended to `path` as they come so that a rerun resumes; fewer when a batch ends
-    after `deadline` (a `time.monotonic()` value)."""
-    from tqdm import tqdm
-
-    from sage_jax import chat
-    from sage_jax.training import self_prompts as sp
-
-    texts, seen, seed = [], set(), 0
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                seed = r["seed"] + 1
-                for t in r["texts"]:
-                    if t not in seen:
-                        seen.add(t)
-                        texts.append(t)
-    if len(texts) >= n:
-        return texts[:n]
-    prefix, held = sp.user_prefix_ids(engine.tokenizer), sp.held_out_words()
-    eos = set(engine.cfg.eos_token_ids)
-    with open(path, "a") as f, tqdm(total=n, initial=len(texts), desc="prompts", unit="prompt",
-                                    disable=not progress) as bar:
-        while len(texts) < n and (deadline is None or time.monotonic() < deadline):
-            start = sp.STARTERS[seed % len(sp.STARTERS)]
-            opening = engine.tokenizer.encode(start, add_special_tokens=False) if start else []
-            gen = engine.generate([prefix + opening] * batch, policy="ar", temperature=temperature,
-                                  max_new_tokens=max_tokens, seed=seed)
-            kept = []
-            for ids in gen.token_ids:  # decoded with the opening, so the word boundary after it stays
-                text = chat.decode(engine.tokenizer, opening + list(ids), eos).strip()
-                if text not in seen and sp.acceptable(text, any(t in eos for t in ids), held):
-                    seen.add(text)
-                    kept.append(text)
-            f.write(json.dumps({"seed": seed, "texts": kept}) + "\n")
-            f.flush()
-            texts += kept
-            bar.update(min(len(kept), n - bar.n))
-            seed += 1
-    return texts[:n]
-
-
-def training_prompts(n: int) -> list[tuple[str, str]]:
-    """The (kind, text) of the first `n` prompts the target answers: training-split WordNet prompts, "extended"."""
-    from sage_jax.training import wordnet
-
-    return wordnet.build_prompts(n, "train", style="extended")
+from sage_jax.training.answers import read_answer_lines, read_answers, training_prompts
+from sage_jax.training.self_prompts import sample as self_prompts
 
 
 def _main(argv: list[str] | None) -> int:

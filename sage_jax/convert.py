@@ -30,7 +30,7 @@ def _main(argv: list[str] | None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from sage_jax.io import architectures, hf, loader, store, vlm_store
+    from sage_jax.io import architectures, hf, lm_checkpoint, loader, vlm_checkpoint
 
     with cli.reported(OSError, ValueError):  # configs.checkpoint.CheckpointError is a ValueError
         kind = loader.detect(args.src)
@@ -40,13 +40,13 @@ def _main(argv: list[str] | None) -> int:
             cfg, model, tok = loader.load_lm(args.src, dtype="float32")
             path = hf.write_hf(args.out, cfg, model.params(), tok)
         elif kind == "hf":
-            path = vlm_store.convert_hf(args.src, args.out, dtype=args.dtype, overwrite=args.force,
+            path = vlm_checkpoint.convert_hf(args.src, args.out, dtype=args.dtype, overwrite=args.force,
                                         progress=sys.stderr.isatty())
         else:
             cfg, params, tok, provenance = loader.read(args.src)
-            cfg = store.with_dtype(cfg, args.dtype)
+            cfg = lm_checkpoint.with_dtype(cfg, args.dtype)
             params = jax.tree.map(lambda a: jnp.asarray(a, cfg.param_dtype), params)
-            path = store.save_lm(args.out, cfg, params, tok, provenance=provenance, overwrite=args.force)
+            path = lm_checkpoint.save_lm(args.out, cfg, params, tok, provenance=provenance, overwrite=args.force)
     print(path)
     return 0
 

@@ -33,11 +33,11 @@ from sage_jax.decoding import speculative as spec
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
-from sage_jax.io import loader, store
+from sage_jax.io import lm_checkpoint, loader
+from sage_jax.io.vision_lm import VisionLM
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.eagle_head import EagleWeights
-from sage_jax.models.vision_lm import VisionLM
 
 MIN_BUCKET = 16
 
@@ -210,7 +210,7 @@ class Engine:
 
     @property
     def target_lm(self):
-        """The target in serving form (`sage_jax.models.lm.LM`): what the compiled loops run."""
+        """The target in serving form (`sage_jax.models.serving_lm.LM`): what the compiled loops run."""
         return self._lm_t
 
     def _placed(self):
@@ -582,15 +582,15 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, **opts)
     if isinstance(draft, CausalLM | VisionLM):
         d, desc = draft, f"{'VLM' if isinstance(draft, VisionLM) else 'LM'} {draft.source or 'in memory'}"
-    elif store.kind_of(draft) == store.HEAD_KIND:
+    elif lm_checkpoint.kind_of(draft) == lm_checkpoint.HEAD_KIND:
         serving = lm_t.serving()
-        cfg, params, vocab_ids, meta = store.load_head(draft, dtype=serving.cfg.dtype)
+        cfg, params, vocab_ids, meta = lm_checkpoint.load_head(draft, dtype=serving.cfg.dtype)
         where = sharding.mesh_of(serving)
         if where is not None:  # a one-layer head: replicated on every device of the target's mesh
             repl = jax.sharding.NamedSharding(where, jax.sharding.PartitionSpec())
             params, vocab_ids = jax.tree.map(lambda x: sharding.place(x, repl), (params, vocab_ids))
         d = EagleWeights.build(cfg, params, vocab_ids, serving.cfg, serving.embed, serving.lm_head,
-                               taps=store.head_taps(meta))
+                               taps=lm_checkpoint.head_taps(meta))
         desc = (f"EAGLE head {os.fspath(draft)}" if not shipped else "shipped EAGLE head (smollm2_eagle)"
                 if os.fspath(draft) == loader.DEFAULT_DRAFT else "shipped EAGLE head (the VLM's, smollm2_vlm/draft)")
     else:
@@ -599,6 +599,6 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         v_d, v_t = d.serving().cfg.vocab_size, lm_t.serving().cfg.vocab_size
         if v_d != v_t:
             raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")
-    prior = {} if isinstance(draft, CausalLM | VisionLM) else store.read_acceptance(draft).get("policies", {})
+    prior = {} if isinstance(draft, CausalLM | VisionLM) else lm_checkpoint.read_acceptance(draft).get("policies", {})
     kept = None if isinstance(draft, CausalLM | VisionLM) else datastore_lib.load(os.fspath(draft))
     return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, datastore=kept, **opts)

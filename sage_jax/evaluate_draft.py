@@ -69,14 +69,15 @@ def _main(argv: list[str] | None) -> int:
         raise cli.BadInput("--max-new-tokens and --batch must be >= 1")
     from sage_jax.bench.acceptance import evaluate, table
     from sage_jax.engine import load_engine
-    from sage_jax.io import loader, store
+    from sage_jax.io import lm_checkpoint, loader
 
     if args.vlm:
         draft_path = args.draft or loader.default_vlm_draft()
     else:
         draft_path = args.draft or (loader.default_draft() if args.target is None and args.draft_layers is None
                                     else None)
-    if args.write_prior and (draft_path is None or store.kind_of(draft_path) not in (store.KIND, store.HEAD_KIND)):
+    if args.write_prior and (draft_path is None or lm_checkpoint.kind_of(draft_path)
+                             not in (lm_checkpoint.KIND, lm_checkpoint.HEAD_KIND)):
         raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped head)")
     if args.write_prior and policy_kw:
         raise cli.BadInput("--write-prior stores the plain policies' prior; give it no --retrieval or --datastore")
@@ -114,7 +115,7 @@ def _main(argv: list[str] | None) -> int:
     if args.write_prior:
         prior = {"prompts": source, "max_new_tokens": args.max_new_tokens,
                  "batch": args.batch, "policies": {p: res[p]["acceptance"] for p in policies}}
-        print(f"wrote {store.write_acceptance(draft_path, prior)}", file=sys.stderr)
+        print(f"wrote {lm_checkpoint.write_acceptance(draft_path, prior)}", file=sys.stderr)
     return 0
 
 

@@ -30,7 +30,7 @@ from sage_jax.decoding import speculative as spec
 from sage_jax.decoding import visual_pruning
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
-from sage_jax.models import lm as lm_lib
+from sage_jax.models import serving_lm
 
 #: Meshes the default suite lowers the pairs for: (data, model). A v5p-32 / v6e-16 (4x4 chips) and a v5p-128 /
 #: v6e-64 (8x8): replicas of an 8-way tensor-parallel pair (the 72B targets' 8 kv heads cut one per chip).
@@ -68,8 +68,8 @@ def abstract_lm(model: paper_targets.Model, m: AbstractMesh, layers: int = 0, dt
         placed = nnx.to_pure_dict(sharding.state_shardings(state, m))
     canonical = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              nnx.to_pure_dict(state), placed)
-    groups, shardings = lm_lib.serving_layout(text, canonical)
-    serving = jax.eval_shape(lambda p: lm_lib.serving_params(text, p, groups), canonical)
+    groups, shardings = serving_lm.serving_layout(text, canonical)
+    serving = jax.eval_shape(lambda p: serving_lm.serving_params(text, p, groups), canonical)
     return cfg, jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), serving, shardings)
 
 
@@ -78,7 +78,7 @@ def _placed(m: AbstractMesh, names: tuple, shape: tuple, dtype) -> jax.ShapeDtyp
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(m, spec_))
 
 
-def _state_shardings(state, target: lm_lib.LM, draft: lm_lib.LM, m: AbstractMesh):
+def _state_shardings(state, target: serving_lm.LM, draft: serving_lm.LM, m: AbstractMesh):
     """Shardings of the loop state: each model's cache as it is born (`KVCache.zeros`), rows of every per-row array
     over the batch axes, the rest replicated."""
 

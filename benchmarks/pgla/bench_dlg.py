@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from pgla_jax import data, fl, metrics
-from pgla_jax.attacks import dlg
 from pgla_jax.config import AttackConfig, VictimConfig
+from pgla_jax.inversion import dlg
 from pgla_jax.models import split_victim
 
 # ---------------------------------------------------------------------------------------------------------------

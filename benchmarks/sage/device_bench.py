@@ -40,7 +40,7 @@ def _time(fn, *args, repeats=10):
 
 def random_lm(name: str, dtype="bfloat16"):
     from sage_jax.models.config import LMConfig
-    from sage_jax.models.lm import LM
+    from sage_jax.models.serving_lm import LM
 
     n_l, d, n_h, n_kv, f, v = SIZES[name]
     hd = d // n_h

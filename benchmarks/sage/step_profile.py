@@ -6,7 +6,7 @@
 Decodes held-out prompts with the default target and shipped draft (greedy, one fixed budget) under
 `jax.profiler`, then splits the self-time of every executed XLA op by the name scope it was traced under:
 
-* **model**: ops under `sage_jax.models.lm.MODEL_SCOPE` (the target's and the draft's forwards and LM heads);
+* **model**: ops under `sage_jax.models.serving_lm.MODEL_SCOPE` (the target's and the draft's forwards and LM heads);
 * **step work**: every other op of the step (log-softmax and top-k of the draft, tree building, verification,
   KV compaction, the policy's state);
 * **control**: the self-time of while/conditional thunks and of XLA's thunk executor (dispatch);
@@ -36,7 +36,7 @@ import re  # noqa: E402
 
 import jax  # noqa: E402
 
-from sage_jax.models.lm import MODEL_SCOPE  # noqa: E402
+from sage_jax.models.serving_lm import MODEL_SCOPE  # noqa: E402
 
 _CONTROL = ("while", "cond", "conditional", "call", "ThunkExecutor")
 

@@ -68,7 +68,7 @@ def random_tree(w: int, batch: int, seed: int) -> np.ndarray:
 def attention_rows(cfg: dict, interpret: bool, deadline: float, save=lambda rows: None) -> list[dict]:
     from pallas_kernels.tree_attention import tree_attention
     from sage_jax.models import layers
-    from sage_jax.models.lm import split_mask
+    from sage_jax.models.serving_lm import split_mask
     from sage_jax.models.visibility import Visibility
 
     n, kh = cfg["heads"]

@@ -1,5 +1,5 @@
 """DLG LeNet on 32×32×3 colour patches of scikit-image's photos (offline, CIFAR-shaped), batch 1, 4,000 L-BFGS
-iterations (300 reach ~9 dB on colour; 4,000 give 27-37 dB, tests/pgla_jax/test_attacks.py). The shipped denoiser
+iterations (300 reach ~9 dB on colour; 4,000 give 27-37 dB, tests/pgla_jax/test_inversion.py). The shipped denoiser
 for this victim is the Gaussian prior of pgla_jax/assets/patches32 (`denoiser_patches`; no U-Net), the default
 ``--denoiser shipped``:
 

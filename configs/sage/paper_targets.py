@@ -27,10 +27,10 @@ class Model:
     config: Callable[[], Any]
 
     def build_config(self, dtype: str = "bfloat16"):
-        from sage_jax.io import architectures, vlm_store
+        from sage_jax.io import architectures, vlm_checkpoint
 
         arch = architectures.named(self.architecture)
-        return arch, vlm_store.with_dtype(arch, self.config(), dtype)
+        return arch, vlm_checkpoint.with_dtype(arch, self.config(), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +88,10 @@ def _param_shards(model: Model, tp: int) -> list[tuple[str, tuple[int, ...], int
     from flax import nnx
 
     from configs import sharding
-    from sage_jax.io import vlm_store
+    from sage_jax.io import vlm_checkpoint
 
     arch, cfg = model.build_config()
-    _, state = vlm_store.abstract(arch, cfg)
+    _, state = vlm_checkpoint.abstract(arch, cfg)
     mesh = _abstract_mesh(tp)
     out = []
     for path, var in jax.tree_util.tree_flatten_with_path(

@@ -27,7 +27,7 @@ from flax import nnx
 from configs import checkpoint
 from pgla_jax import codec as codec_lib
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import baselines, ddpm, dncnn, prior, sampling, store
+from pgla_jax.denoise import baselines, ddpm, denoiser_checkpoint, dncnn, prior, sampling
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.protections import NoisePlan
 
@@ -161,14 +161,14 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
         return Denoisers(codec)
     meta = checkpoint.read_metadata(path)
     if meta.get("kind") == prior.KIND:  # a prior alone: its rows and the baselines
-        cfg = store.config_from_json(meta["config"])
-        want = _fitting(store.make_codec(cfg), codec, path)
+        cfg = denoiser_checkpoint.config_from_json(meta["config"])
+        want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
         return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), path=os.path.abspath(path),
                          prior=_checked_prior(prior.load(path), want, path))
-    tree, cfg, _ = store.load(path)
-    want = _fitting(store.make_codec(cfg), codec, path)
+    tree, cfg, _ = denoiser_checkpoint.load(path)
+    want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
     model = nnx.eval_shape(lambda: UNet(cfg.unet, rngs=nnx.Rngs(0)))  # shapes only: a random init costs ~30 s
-    store.load_pure(model, tree)
+    denoiser_checkpoint.load_pure(model, tree)
     unet = nnx.split(model, nnx.Param)
     dn = None
     sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "dncnn")

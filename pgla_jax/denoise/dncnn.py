@@ -16,7 +16,7 @@ from jaxtyping import Array, Float
 
 from configs import sharding
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import gradients, store
+from pgla_jax.denoise import denoiser_checkpoint, gradients
 
 KIND = "pgla-dncnn"
 SIGMA_RANGE = (1e-4, 0.3)  # log-uniform training noise std: the paper calibration's range and a bit beyond
@@ -43,7 +43,7 @@ class DnCNN(nnx.Module):
 
 def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable | None = None) -> str:
     """Trains the DnCNN for `cfg.dncnn_steps` steps; writes and returns `workdir/dncnn`."""
-    codec = store.make_codec(cfg)
+    codec = denoiser_checkpoint.make_codec(cfg)
     src, _ = gradients.source(data_dir)
     model = DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(cfg.seed))
     graphdef, params = nnx.split(model, nnx.Param)
@@ -77,12 +77,12 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable |
         params, opt_state, value = step(params, opt_state, x0, i)
         progress and progress(float(value))
     out = os.path.join(workdir, "dncnn")
-    store.save(out, store.to_pure(params), cfg, kind=KIND, overwrite=True)
+    denoiser_checkpoint.save(out, denoiser_checkpoint.to_pure(params), cfg, kind=KIND, overwrite=True)
     return out
 
 
 def restore(path: str) -> tuple[DnCNN, DenoiserConfig]:
-    tree, cfg, _ = store.load(path, KIND)
+    tree, cfg, _ = denoiser_checkpoint.load(path, KIND)
     model = nnx.eval_shape(lambda: DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(0)))  # overwritten below
-    store.load_pure(model, tree)
+    denoiser_checkpoint.load_pure(model, tree)
     return model, cfg

@@ -24,7 +24,7 @@ from flax import nnx
 
 from configs import sharding
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import ddpm, gradients, store
+from pgla_jax.denoise import ddpm, denoiser_checkpoint, gradients
 from pgla_jax.denoise.unet import UNet
 
 STATE_KIND = "pgla-denoiser-state"
@@ -69,7 +69,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
     weights and optimiser state towards `cfg.steps`, the cosine schedule stretched to the new length (a warm restart:
     the learning rate jumps back to the new schedule's value at the saved step).
     """
-    codec = store.make_codec(cfg)
+    codec = denoiser_checkpoint.make_codec(cfg)
     src, size = gradients.source(data_dir)
     if size != codec.size:
         raise ValueError(f"data set gradients have {size} entries, the config's victim {codec.size}")
@@ -84,7 +84,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
 
     state_dir = os.path.join(workdir, "state")
     if os.path.isdir(state_dir):
-        tree, saved_cfg, _ = store.load(state_dir, STATE_KIND)
+        tree, saved_cfg, _ = denoiser_checkpoint.load(state_dir, STATE_KIND)
         step0 = int(tree["step"])
         same = _diffusion_fields(saved_cfg) == _diffusion_fields(cfg)
         longer = extend and _diffusion_fields(dataclasses.replace(saved_cfg, steps=cfg.steps)) == _diffusion_fields(cfg)
@@ -110,9 +110,10 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
 
     def save_state(step):
         leaves = jax.tree.leaves(opt_state)
-        tree = {"params": store.to_pure(params), "ema": store.to_pure(ema), "step": np.asarray(step, np.int64),
+        tree = {"params": denoiser_checkpoint.to_pure(params), "ema": denoiser_checkpoint.to_pure(ema),
+                "step": np.asarray(step, np.int64),
                 "opt": {f"{i:05d}": leaf for i, leaf in enumerate(leaves)}}
-        store.save(state_dir, tree, cfg, kind=STATE_KIND, overwrite=True)
+        denoiser_checkpoint.save(state_dir, tree, cfg, kind=STATE_KIND, overwrite=True)
 
     n = len(src)
     encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
@@ -135,7 +136,7 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
                 save_state(step + 1)
         done = max(step0, stop)
     out = os.path.join(workdir, "denoiser")
-    store.save(out, store.to_pure(ema), cfg, overwrite=True,
+    denoiser_checkpoint.save(out, denoiser_checkpoint.to_pure(ema), cfg, overwrite=True,
                provenance={"steps": done, "ema_decay": EMA_DECAY, "data": os.path.abspath(data_dir)})
     return out
 
@@ -143,11 +144,11 @@ def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callabl
 def saved_step(workdir: str) -> int:
     """The step of the training state saved in `workdir` (0 when there is none): where a rerun resumes."""
     state_dir = os.path.join(workdir, "state")
-    return int(store.load(state_dir, STATE_KIND)[0]["step"]) if os.path.isdir(state_dir) else 0
+    return int(denoiser_checkpoint.load(state_dir, STATE_KIND)[0]["step"]) if os.path.isdir(state_dir) else 0
 
 
 def _restored(graphdef, like, tree):
     module = nnx.merge(graphdef, like, copy=True)  # without the copy, a second restore overwrites the first
-    store.load_pure(module, tree)
+    denoiser_checkpoint.load_pure(module, tree)
     return nnx.state(module, nnx.Param)
 

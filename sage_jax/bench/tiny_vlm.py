@@ -85,9 +85,9 @@ def tiny_vlm(arch: str, seed: int, directory, *, scale: float = 4.0, d_model: in
     times (1 + noise * N(0, 1)), so that it agrees with `like` often but not always. `max_pixels`: the Qwen
     processor's image size cap (112² gives at most 16 visual tokens an image); `head_dim`: the language model's
     (64 for the Pallas tree-attention kernels)."""
+    from sage_jax.io.vision_lm import VisionLM
     from sage_jax.models.llava_onevision import LlavaOnevision
     from sage_jax.models.qwen25_vl import Qwen25VL
-    from sage_jax.models.vision_lm import VisionLM
 
     if like is not None:
         d_model = like.config.text.d_model

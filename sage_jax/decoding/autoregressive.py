@@ -17,7 +17,7 @@ from jaxtyping import Array, Bool, Float, Int
 from sage_jax.decoding import sampling
 from sage_jax.decoding.tree import causal_visibility
 from sage_jax.models.kv_cache import KVCache
-from sage_jax.models.lm import LM, Probe
+from sage_jax.models.serving_lm import LM, Probe
 from sage_jax.models.visibility import Visibility
 
 if TYPE_CHECKING:

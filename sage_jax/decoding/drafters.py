@@ -21,7 +21,7 @@ from jaxtyping import Array, Bool, Float, Int
 from sage_jax.models import eagle_head
 from sage_jax.models.eagle_head import EagleWeights
 from sage_jax.models.kv_cache import KVCache
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 from sage_jax.models.visibility import Visibility
 
 

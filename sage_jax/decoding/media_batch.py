@@ -142,9 +142,9 @@ _GEOMETRY = {
 def check_pair(target, draft) -> None:
     """ValueError unless a vision-language target's (`VisionLM` or None) draft can read its prompts (and a text
     target's draft is not a VLM)."""
+    from sage_jax.io.vision_lm import VisionLM
     from sage_jax.models.causal_lm import CausalLM
     from sage_jax.models.decoder import Decoder
-    from sage_jax.models.vision_lm import VisionLM
 
     if target is None:
         if isinstance(draft, VisionLM):

@@ -25,7 +25,7 @@ from sage_jax.decoding.drafters import Drafter
 from sage_jax.decoding.tree import Tree, causal_visibility
 from sage_jax.decoding.tree_builder import Pool, build_tree
 from sage_jax.models.kv_cache import KVCache, NewKV
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 from sage_jax.models.visibility import Visibility
 
 

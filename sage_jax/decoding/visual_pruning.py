@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.models.lm import Probe
+from sage_jax.models.serving_lm import Probe
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 METHODS = ("uniform", "attention")

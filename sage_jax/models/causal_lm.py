@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Int
 
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 
 # Keyword arrays of a vision-language processor: a text-only model refuses them instead of ignoring the image.
 _VISION_KEYS = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw", "image_sizes")

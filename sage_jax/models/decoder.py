@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
-from sage_jax.models import layers, lm
+from sage_jax.models import layers, serving_lm
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache
 
@@ -79,7 +79,7 @@ class Decoder(nnx.Module):
                              jnp.dtype(cfg.dtype))
 
     def embed_tokens(self, tokens: Int[Array, "B T"]) -> Float[Array, "B T D"]:
-        return lm.embed_tokens(self.cfg, self.embed[...], tokens)
+        return serving_lm.embed_tokens(self.cfg, self.embed[...], tokens)
 
     def forward(
         self,
@@ -101,15 +101,16 @@ class Decoder(nnx.Module):
         cfg = self.cfg
         n = cfg.n_layers if n_layers is None else n_layers
         if cache is not None:
-            # Decoding with a cache runs the serving form (per-layer fused weights, unrolled): see models/lm.py.
-            return lm.serving_params(cfg, self.params()).truncated(n).forward(
+            # Decoding with a cache runs the serving form (per-layer fused weights, unrolled): see models/serving_lm.py.
+            return serving_lm.serving_params(cfg, self.params()).truncated(n).forward(
                 tokens, positions, mask, cache, write_pos, embeddings=embeddings)
 
         x = self.embed_tokens(tokens) if embeddings is None else embeddings.astype(jnp.dtype(cfg.dtype))
         params = {name: var[...][:n] for name, var in vars(self.blocks).items() if isinstance(var, nnx.Param)}
 
         def body(x, p):
-            x, _, _ = lm.block(cfg, lm.serving_layer(lm.fuse_layer(cfg, p)), x, positions, None, None, None, mask)
+            layer = serving_lm.serving_layer(serving_lm.fuse_layer(cfg, p))
+            x, _, _ = serving_lm.block(cfg, layer, x, positions, None, None, None, mask)
             return x, None
 
         x, _ = jax.lax.scan(body, x, params)
@@ -117,17 +118,18 @@ class Decoder(nnx.Module):
 
     def head(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
         lm_head = None if self.cfg.tie_embeddings else self.lm_head[...]
-        return lm.head(self.cfg, self.embed[...], self.final_norm[...], lm_head, hidden)
+        return serving_lm.head(self.cfg, self.embed[...], self.final_norm[...], lm_head, hidden)
 
     def params(self) -> dict:
         """The canonical parameter tree (the checkpoint layout) as a pure dict of arrays."""
         return nnx.to_pure_dict(nnx.state(self, nnx.Param))
 
-    def serving(self) -> lm.LM:
+    def serving(self) -> serving_lm.LM:
         """This model in serving form (per-layer, fused weights): the form the decoding loops run."""
         params = self.params()
-        groups, shardings = lm.serving_layout(self.cfg, params)  # on a mesh: laid out and cut for its shards
-        return jax.jit(lm.serving_params, static_argnums=(0, 2), out_shardings=shardings)(self.cfg, params, groups)
+        groups, shardings = serving_lm.serving_layout(self.cfg, params)  # on a mesh: laid out and cut for its shards
+        build = jax.jit(serving_lm.serving_params, static_argnums=(0, 2), out_shardings=shardings)
+        return build(self.cfg, params, groups)
 
     def __call__(self, tokens, positions=None, mask=None, cache=None, write_pos=None, *, n_layers=None):
         """Logits [B, T, V] (float32), last hidden [B, T, D], updated cache. Defaults: causal, no padding."""

@@ -15,11 +15,11 @@ EAGLE-3-style heads (`taps`, a trainable `lm_head`) differ in two places, after 
 * its own final norm and LM head over the reduced vocabulary ([D, Vd], trainable; warm-started from the
   target's rows) instead of the target's frozen rows.
 
-Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head" in `sage_jax.io.store`)::
+Parameter tree (a pure nested dict; the checkpoint layout, kind "eagle_head" in `sage_jax.io.lm_checkpoint`)::
 
     fc:    [2D, D]   input projection of concat(feature, embedding)
     fc_b:  [D]
-    layer: the fused per-layer dict of `sage_jax.models.lm.fuse_layer`:
+    layer: the fused per-layer dict of `sage_jax.models.serving_lm.fuse_layer`:
            attn_norm [D], wqkv [D, (N+2K)H], bqkv [(N+2K)H] (qkv_bias only), wo [NH, D],
            mlp_norm [D], w_gate_up [D, 2F], w_down [F, D]
     fuse:  [Z, D]    EAGLE-3-style only: the tapped features' projection
@@ -37,7 +37,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import shard
-from sage_jax.models import lm
+from sage_jax.models import serving_lm
 from sage_jax.models.config import LMConfig
 from sage_jax.models.draft_vocab import DraftVocab
 from sage_jax.models.kv_cache import KVCache
@@ -119,7 +119,7 @@ def init_cache(cfg: LMConfig, batch: int, capacity: int) -> KVCache:
     return KVCache.zeros(1, batch, capacity, cfg.n_kv_heads, cfg.head_dim, jnp.dtype(cfg.dtype))
 
 
-@jax.named_scope(lm.MODEL_SCOPE)
+@jax.named_scope(serving_lm.MODEL_SCOPE)
 def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Array, "V D"],
                    tokens: Int[Array, "B T"], features_prev: Float[Array, "B T D"], positions: Int[Array, "B T"],
                    mask: Bool[Array, "B T S"], cache: KVCache | None = None, write_pos: Int[Array, " B"] | None = None,
@@ -128,23 +128,23 @@ def eagle_features(head_params: dict, head_cfg: LMConfig, target_embed: Float[Ar
     """f̂ [B, T, D] (the predicted target features) and the updated cache; no LM head. `embeddings`: the token
     embeddings to read instead of `target_embed[tokens]` (a multimodal prompt's, visual features spliced in)."""
     dt = jnp.dtype(head_cfg.dtype)
-    e = lm.embed_tokens(head_cfg, target_embed, tokens) if embeddings is None else embeddings.astype(dt)
+    e = serving_lm.embed_tokens(head_cfg, target_embed, tokens) if embeddings is None else embeddings.astype(dt)
     x = jnp.concatenate([features_prev.astype(dt), e], axis=-1)
     if "fc_t" in head_params:  # serving form (`EagleWeights.build`): [D, I], the layers' feature-major matmul
         b, t, i = x.shape
-        x = lm.project(head_cfg, head_params["fc_t"].astype(dt), x.reshape(b * t, i).T).T.reshape(b, t, -1)
+        x = serving_lm.project(head_cfg, head_params["fc_t"].astype(dt), x.reshape(b * t, i).T).T.reshape(b, t, -1)
     else:
         x = jnp.einsum("BTI,ID->BTD", x, head_params["fc"].astype(dt))
     x = x + head_params["fc_b"].astype(dt)[None, None]
     x = shard(x, ("batch", "seq", "embed"))
-    layer = lm.serving_layer(head_params["layer"])  # serving drafts convert once at load (`EagleWeights.load`)
+    layer = serving_lm.serving_layer(head_params["layer"])  # serving drafts convert once at load (`EagleWeights.load`)
     if cache is None:
-        x, _, _ = lm.block(head_cfg, layer, x, positions, None, None, None, mask)
+        x, _, _ = serving_lm.block(head_cfg, layer, x, positions, None, None, None, mask)
         return x, None
     if cache.n_layers != 1:
         raise ValueError(f"an EAGLE head's cache has one layer, got {cache.n_layers}")
-    mask = lm.resolve_mask(head_cfg, mask, cache.capacity)
-    x, k, v = lm.block(head_cfg, layer, x, positions, cache.k[0], cache.v[0], write_pos, mask)
+    mask = serving_lm.resolve_mask(head_cfg, mask, cache.capacity)
+    x, k, v = serving_lm.block(head_cfg, layer, x, positions, cache.k[0], cache.v[0], write_pos, mask)
     return x, KVCache(k=(k,), v=(v,))
 
 
@@ -167,11 +167,11 @@ def eagle_forward(head_params: dict, head_cfg: LMConfig, target_embed: Float[Arr
                                   cache, write_pos)
     norm = head_params.get("final_norm", target_final_norm)  # an own head brings its own norm
     if vocab is not None and "vocab_rows" in head_params:  # serving form: the subset's rows [Vd, D], as a tied head
-        logits = lm.head(head_cfg, head_params["vocab_rows"], norm, None, feats)
+        logits = serving_lm.head(head_cfg, head_params["vocab_rows"], norm, None, feats)
     elif vocab is not None:
-        logits = lm.head(head_cfg, None, norm, vocab.head, feats)
+        logits = serving_lm.head(head_cfg, None, norm, vocab.head, feats)
     else:
-        logits = lm.head(head_cfg, target_embed, target_final_norm, target_lm_head, feats)
+        logits = serving_lm.head(head_cfg, target_embed, target_final_norm, target_lm_head, feats)
     return logits, feats, cache
 
 
@@ -223,8 +223,8 @@ class EagleWeights:
         else:
             vocab = None if vocab_ids is None else DraftVocab.build(vocab_ids, target_embed, target_lm_head)
         # Once, not per draft level: the layer's matrices [out, in], and fc and the vocabulary's head rows the same
-        # way round, which the decode steps' few rows multiply fastest on CPU (`lm.project`).
-        params["layer"] = lm.serving_layer(params["layer"])
+        # way round, which the decode steps' few rows multiply fastest on CPU (`serving_lm.project`).
+        params["layer"] = serving_lm.serving_layer(params["layer"])
         params["fc_t"] = params.pop("fc").T
         if vocab is not None:
             params["vocab_rows"] = vocab.head.T

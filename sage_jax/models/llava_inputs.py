@@ -2,7 +2,8 @@
 need torchvision in transformers (expanding the `<image>` / `<video>` placeholders, preparing video frames).
 
 `prepare` turns `model(**inputs)` keywords into a `Batch`: the static `Plan` (every image's `anyres.ImageLayout`,
-the number of videos) that keys one compilation, and the arrays the jitted function reads.
+the number of videos) that keys one compilation, and the arrays the jitted function reads. `cfg` is always the
+model's `llava_onevision.LlavaOnevisionConfig` (this module sits below the model, which imports it).
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sage_jax.models import anyres
 from sage_jax.models.causal_lm import token_batch
-
-if TYPE_CHECKING:
-    from sage_jax.models.llava_onevision import LlavaOnevisionConfig
 
 # Keywords a processor returns that the model reads elsewhere or does not need.
 _IGNORED = ("token_type_ids", "image_sizes_videos")
@@ -57,7 +55,7 @@ def _give(n: int, word: str) -> str:
     return f"the {_plural(n, word)} give" + ("s" if n == 1 else "")
 
 
-def prepare(cfg: LlavaOnevisionConfig, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos,
+def prepare(cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos,
             kw: dict[str, Any]) -> Batch:
     batch_num_images = kw.pop("batch_num_images", None)
     for name in _IGNORED:
@@ -85,13 +83,13 @@ def prepare(cfg: LlavaOnevisionConfig, input_ids, attention_mask, pixel_values, 
                  image_slots=image_slots if layouts else None, video_slots=video_slots if n_videos else None)
 
 
-def _check_tile(cfg: LlavaOnevisionConfig, shape: tuple[int, ...], what: str) -> None:
+def _check_tile(cfg, shape: tuple[int, ...], what: str) -> None:
     s, c = cfg.vision.image_size, cfg.vision.num_channels
     if tuple(shape) != (c, s, s):
         raise ValueError(f"{what} has tiles of shape {list(shape)}, the vision tower takes [{c}, {s}, {s}]")
 
 
-def _images(cfg: LlavaOnevisionConfig, pixel_values, image_sizes, batch_num_images):
+def _images(cfg, pixel_values, image_sizes, batch_num_images):
     if pixel_values is None:
         if image_sizes is not None:
             raise ValueError("image_sizes given without pixel_values")
@@ -127,7 +125,7 @@ def _images(cfg: LlavaOnevisionConfig, pixel_values, image_sizes, batch_num_imag
     return layouts, tiles
 
 
-def _videos(cfg: LlavaOnevisionConfig, pixel_values_videos):
+def _videos(cfg, pixel_values_videos):
     if pixel_values_videos is None:
         return 0, None
     pv = np.asarray(pixel_values_videos, np.float32)
@@ -142,7 +140,7 @@ def _videos(cfg: LlavaOnevisionConfig, pixel_values_videos):
 # --------------------------------------------------------------------------------------------- processor helpers
 
 
-def expand_placeholders(cfg: LlavaOnevisionConfig, prompts: Sequence, image_sizes=None, video_frames=None,
+def expand_placeholders(cfg, prompts: Sequence, image_sizes=None, video_frames=None,
                         batch_num_images: Sequence[int] | None = None, image_token: str = "<image>",
                         video_token: str = "<video>") -> list:
     """What the processor does to the text: each image placeholder (the `image_token` string in a str prompt, the

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from sage_jax.models import anyres, lm
+from sage_jax.models import anyres, serving_lm
 from sage_jax.models.config import LMConfig, RopeConfig
 from sage_jax.models.decoder import Decoder, param
 from sage_jax.models.llava_inputs import expand_placeholders, prepare, video_inputs
@@ -198,7 +198,7 @@ class LlavaOnevision(nnx.Module):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         b = prepare(self.cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos, kw)
-        out = _generate(self.cfg, b.plan, max_new_tokens, self.params(), *b.arrays(), jnp.asarray(b.valid),
+        out = generate_tokens(self.cfg, b.plan, max_new_tokens, self.params(), *b.arrays(), jnp.asarray(b.valid),
                         jnp.asarray(b.positions))
         return np.asarray(out)
 
@@ -266,8 +266,11 @@ def _video_features(cfg: LlavaOnevisionConfig, n_videos: int, params: dict, fram
     return jnp.concatenate([pooled, newline], axis=1).reshape(-1, d)
 
 
-def _embed(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots) -> Float[Array, "B T D"]:
-    x = lm.embed_tokens(cfg.text, params["lm"]["embed"], tokens)
+def embed_inputs(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots) -> Float[Array, "B T D"]:
+    """The language model's input embeddings [B, T, D]: token embeddings with the visual features written into
+    `image_slots` / `video_slots` (flat indices into B·T) in `plan`'s order. Pure: training jits it inside its
+    step."""
+    x = serving_lm.embed_tokens(cfg.text, params["lm"]["embed"], tokens)
     b, t, d = x.shape
     flat = x.reshape(b * t, d)
     if plan.images:
@@ -277,13 +280,13 @@ def _embed(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots) -
     return flat.reshape(b, t, d)
 
 
-_embed_jit = jax.jit(_embed, static_argnums=(0, 1))
+_embed_jit = jax.jit(embed_inputs, static_argnums=(0, 1))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _logits(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots, valid, positions):
-    x = _embed(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
-    model = lm.serving_params(cfg.text, params["lm"])
+    x = embed_inputs(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
+    model = serving_lm.serving_params(cfg.text, params["lm"])
     t = tokens.shape[1]
     # A query sees the earlier kept tokens, and always itself (so a padding query stays finite).
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -292,9 +295,11 @@ def _logits(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots, 
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _generate(cfg, plan, max_new, params, tokens, tiles, frames, image_slots, video_slots, valid, positions):
-    x = _embed(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
-    model = lm.serving_params(cfg.text, params["lm"])
+def generate_tokens(cfg, plan, max_new, params, tokens, tiles, frames, image_slots, video_slots, valid, positions):
+    """Greedy continuation [B, max_new] of left-padded prompts (`valid` [B, T], `positions` [B, T]); jitted once
+    per (config, plan, max_new)."""
+    x = embed_inputs(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
+    model = serving_lm.serving_params(cfg.text, params["lm"])
     b, t = tokens.shape
     s = t + max_new
     slots = jnp.arange(s, dtype=jnp.int32)

@@ -219,7 +219,7 @@ def forward(cfg: Qwen25VisionConfig, params: dict, pixels: Float[Array, "P C"], 
     angles = jnp.concatenate([angles, angles], axis=-1)[:, None, :]  # [P, 1, H]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     blocks = params["blocks"]
-    for i in range(cfg.depth):  # unrolled: XLA:CPU copies each layer's slice under a scan (see models/lm.py)
+    for i in range(cfg.depth):  # unrolled: XLA:CPU copies each layer's slice under a scan (see models/serving_lm.py)
         seg = lay["frame_seg"] if i in cfg.fullatt_block_indexes else lay["window_seg"]
         x = _block(cfg, {k: v[i] for k, v in blocks.items()}, x, cos, sin, seg)
     mp = params["merger"]

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from sage_jax.models import lm, qwen25_vision
+from sage_jax.models import qwen25_vision, serving_lm
 from sage_jax.models.config import LMConfig, RopeConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.qwen25_inputs import prepare, rope_index
@@ -136,7 +136,7 @@ class Qwen25VLConfig:
 
 def _embed(cfg: Qwen25VLConfig, params: dict, ids, pixels, lay, src) -> Float[Array, "B T D"]:
     """Token embeddings with the vision features put where `src` >= 0 (src: index into the features)."""
-    emb = lm.embed_tokens(cfg.text, params["lm"]["embed"], ids)
+    emb = serving_lm.embed_tokens(cfg.text, params["lm"]["embed"], ids)
     if pixels is None:
         return emb
     feats = qwen25_vision.forward(cfg.vision, params["vision"], pixels, lay).astype(emb.dtype)
@@ -150,7 +150,7 @@ def _embed_jit(cfg, params, ids, pixels, lay, src):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _logits(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid) -> Float[Array, "B T V"]:
-    serving = lm.serving_params(cfg.text, params["lm"])
+    serving = serving_lm.serving_params(cfg.text, params["lm"])
     t = ids.shape[1]
     # A query sees the earlier kept tokens and always itself (so a padding query stays finite).
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -162,7 +162,7 @@ def _logits(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid
 def _generate(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid, deltas, n_new: int
               ) -> Int[Array, "B n_new"]:
     """Greedy: a prefill of the prompt into a KV cache of T + n_new slots, then n_new - 1 one-token steps."""
-    serving = lm.serving_params(cfg.text, params["lm"])
+    serving = serving_lm.serving_params(cfg.text, params["lm"])
     b, t = ids.shape
     s = t + n_new
     cache = serving.init_cache(b, s)

@@ -35,7 +35,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 from jaxtyping import Array, Float, Int
 
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 from sage_jax.training import data as ddata
 from sage_jax.training import online
 

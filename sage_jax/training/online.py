@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from sage_jax.models import layers
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 from sage_jax.training import train
 
 

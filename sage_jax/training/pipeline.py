@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sage_jax.io import loader, store
+from sage_jax.io import lm_checkpoint, loader
 from sage_jax.models import eagle_head
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
@@ -188,9 +188,9 @@ def answer_rows(c: DraftRecipe, tok, pad_id: int) -> dict[str, np.ndarray]:
     layout, sorted by length: prompt ids + the target's greedy answer. Prompts of the recipe's own blocks (which a
     head continued by `eagle.init_from` already learned) and prompts longer than `max_prompt_tokens` are dropped.
     Each line's prompt ids are checked against its text (`--prompts self` lines carry it, and those near a held-out
-    prompt are dropped) or else against `build_datastore.training_prompts`, so the rows' kinds and texts are
+    prompt are dropped) or else against `answers.training_prompts`, so the rows' kinds and texts are
     known."""
-    from sage_jax.build_datastore import read_answer_lines, training_prompts
+    from sage_jax.training.answers import read_answer_lines, training_prompts
 
     have, n = read_answer_lines(c.data.answers), c.data.n_answers
     if not have or len(have) < n:
@@ -286,7 +286,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
         if os.path.exists(vpath):
             vocab_ids = np.load(vpath)
         elif c.eagle.init_from:  # a continued head keeps its vocabulary (`eagle_init` checks its size)
-            vocab_ids = np.asarray(store.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
+            vocab_ids = np.asarray(lm_checkpoint.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
             np.save(vpath, vocab_ids)
         else:
             rows = [r[: n] for r, n in zip(meta["tokens"], meta["lengths"], strict=True)]
@@ -305,7 +305,7 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
         log(f"[eagle] held-out acceptance before training {acc0:.4f}")
         res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "eagle"), progress=progress,
                           log=log)
-        path = store.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
+        path = lm_checkpoint.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
                                vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype, taps=taps)
         loader.write_manifest(path)  # what `default_draft` checks when the head is shipped
         tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
@@ -325,7 +325,8 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
                           log=log)
         out_cfg = dcfg.replace(param_dtype=c.out_dtype)
         params = jax.tree.map(lambda x: np.asarray(x, np.dtype(jax.numpy.dtype(c.out_dtype))), res.params)
-        path = store.save_lm(os.path.join(workdir, "lm_draft"), out_cfg, params, tok, provenance=prov, overwrite=True)
+        path = lm_checkpoint.save_lm(os.path.join(workdir, "lm_draft"), out_cfg, params, tok, provenance=prov,
+                                     overwrite=True)
         summary["lm"] = {"path": path, "acceptance_initial": acc0, "acceptance": res.evals,
                          "train_seconds": round(res.seconds, 1), "size_bytes": _size(path)}
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)
@@ -340,9 +341,9 @@ def eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfi
     (`eagle.own_head`): warm-started from the target's rows, it starts as exactly the head it continues, so what
     training the LM head adds is measured on its own; dropping an own head is refused (it would lose training)."""
     if c.eagle.init_from:
-        hcfg, p0, ids, meta = store.load_head(c.eagle.init_from, dtype="float32")
+        hcfg, p0, ids, meta = lm_checkpoint.load_head(c.eagle.init_from, dtype="float32")
         problems = [what for what, bad in (
-            ("taps", store.head_taps(meta) != tuple(c.eagle.taps)),
+            ("taps", lm_checkpoint.head_taps(meta) != tuple(c.eagle.taps)),
             ("vocabulary", (0 if ids is None else len(ids)) != (0 if vocab_ids is None else len(vocab_ids))
              or (ids is not None and not np.array_equal(ids, vocab_ids))),
             ("own LM head", "lm_head" in p0 and not c.eagle.own_head),
@@ -385,7 +386,8 @@ def export_head(c: DraftRecipe, workdir: str, step: int | None = None, log=_log)
     state = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
     mngr.close()
     prov = {"recipe": c.to_json(), "target": source, "step": int(step)}
-    path = store.save_head(os.path.join(workdir, f"eagle_head_step{step}"), hcfg, state["params"], target_cfg=tcfg,
+    path = lm_checkpoint.save_head(os.path.join(workdir, f"eagle_head_step{step}"), hcfg, state["params"],
+                                   target_cfg=tcfg,
                            vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype,
                            taps=tuple(c.eagle.taps))
     loader.write_manifest(path)

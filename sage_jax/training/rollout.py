@@ -21,7 +21,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from sage_jax.decoding.tree import causal_visibility
-from sage_jax.models.lm import LM
+from sage_jax.models.serving_lm import LM
 
 
 @functools.partial(jax.jit, static_argnames=("max_new",))

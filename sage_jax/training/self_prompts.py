@@ -10,8 +10,14 @@ the benchmark's and the copy set's) are dropped; so are repeats.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 
+from tqdm import tqdm
+
+from sage_jax import chat
 from sage_jax.prompts import COPY_PROMPTS, held_out_texts
 
 KIND = "chat"
@@ -63,3 +69,46 @@ def acceptable(text: str, ended: bool, held: list[set[str]]) -> bool:
         return False
     plain = sum(c.isascii() and (c.isprintable() or c == "\n") for c in text)
     return plain >= 0.97 * len(text) and not near_held_out(text, held)
+
+
+def sample(engine, path: str, n: int, *, batch: int, temperature: float, max_tokens: int = 64,
+           progress: bool = True, deadline: float | None = None) -> list[str]:
+    """The first `n` acceptable user messages the target samples, batch by batch (batch k at seed k, opening with
+    `STARTERS[k]`), appended to `path` as they come so that a rerun resumes; fewer when a batch ends
+    after `deadline` (a `time.monotonic()` value)."""
+    texts, seen, seed = [], set(), 0
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                seed = r["seed"] + 1
+                for t in r["texts"]:
+                    if t not in seen:
+                        seen.add(t)
+                        texts.append(t)
+    if len(texts) >= n:
+        return texts[:n]
+    prefix, held = user_prefix_ids(engine.tokenizer), held_out_words()
+    eos = set(engine.cfg.eos_token_ids)
+    with open(path, "a") as f, tqdm(total=n, initial=len(texts), desc="prompts", unit="prompt",
+                                    disable=not progress) as bar:
+        while len(texts) < n and (deadline is None or time.monotonic() < deadline):
+            start = STARTERS[seed % len(STARTERS)]
+            opening = engine.tokenizer.encode(start, add_special_tokens=False) if start else []
+            gen = engine.generate([prefix + opening] * batch, policy="ar", temperature=temperature,
+                                  max_new_tokens=max_tokens, seed=seed)
+            kept = []
+            for ids in gen.token_ids:  # decoded with the opening, so the word boundary after it stays
+                text = chat.decode(engine.tokenizer, opening + list(ids), eos).strip()
+                if text not in seen and acceptable(text, any(t in eos for t in ids), held):
+                    seen.add(text)
+                    kept.append(text)
+            f.write(json.dumps({"seed": seed, "texts": kept}) + "\n")
+            f.flush()
+            texts += kept
+            bar.update(min(len(kept), n - bar.n))
+            seed += 1
+    return texts[:n]

@@ -32,7 +32,7 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from configs import sharding
-from sage_jax.models import eagle_head, layers, lm
+from sage_jax.models import eagle_head, layers, serving_lm
 from sage_jax.models.config import LMConfig
 from sage_jax.training import data as ddata
 from sage_jax.training.recipe import TrainConfig
@@ -42,7 +42,7 @@ from sage_jax.training.recipe import TrainConfig
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def frozen_target(target_lm: lm.LM, vocab_ids=None) -> dict:
+def frozen_target(target_lm: serving_lm.LM, vocab_ids=None) -> dict:
     """The target's embedding, final norm and head as a pure dict (+ the subset head, its ids and `in_vocab` [V],
     whether each full id is in the subset, with `vocab_ids`)."""
     out = {"embed": target_lm.embed, "final_norm": target_lm.final_norm}
@@ -89,8 +89,8 @@ def chain_valid(batch: dict, level: int, idx):
 
 def _target_logits(cfg: LMConfig, fz: dict, feats, *, full: bool = False):
     if "vocab_head" in fz and not full:
-        return lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], feats)
-    return lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), feats)
+        return serving_lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], feats)
+    return serving_lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), feats)
 
 
 def position_weights(batch: dict, prompt_weight: float):
@@ -138,10 +138,10 @@ def _draft_head(cfg: LMConfig, fz: dict, hidden, params: dict | None = None):
     """The head's own final norm + LM head when it has them, else the target's (its subset rows with a reduced
     vocabulary), on draft features."""
     if params is not None and "lm_head" in params:
-        return lm.head(cfg, None, params["final_norm"], params["lm_head"], hidden)
+        return serving_lm.head(cfg, None, params["final_norm"], params["lm_head"], hidden)
     if "vocab_head" in fz:
-        return lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], hidden)
-    return lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), hidden)
+        return serving_lm.head(cfg, None, fz["final_norm"], fz["vocab_head"], hidden)
+    return serving_lm.head(cfg, fz["embed"], fz["final_norm"], fz.get("lm_head"), hidden)
 
 
 def eagle_teacher_forced(head_cfg: LMConfig, params, fz, batch):
@@ -285,7 +285,7 @@ def eagle_agreement(head_cfg: LMConfig, params, fz, batch, window: int = 0):
 
 def _lm_hidden(draft_cfg: LMConfig, params, batch):
     pos, mask = _causal(batch)
-    model = lm.serving_params(draft_cfg, params)
+    model = serving_lm.serving_params(draft_cfg, params)
     return model, model.forward(batch["tokens"], pos, mask)[0]
 
 
@@ -293,7 +293,7 @@ def _lm_head(draft_cfg: LMConfig, model, fz, hidden):
     if "vocab_ids" in fz:
         sub_head = (jnp.take(model.embed, fz["vocab_ids"], axis=0).T if model.lm_head is None
                     else jnp.take(model.lm_head, fz["vocab_ids"], axis=1))
-        return lm.head(draft_cfg, None, model.final_norm, sub_head, hidden)
+        return serving_lm.head(draft_cfg, None, model.final_norm, sub_head, hidden)
     return model.head(hidden)
 
 

@@ -18,6 +18,8 @@ import re
 
 import numpy as np
 
+from configs import datasets
+
 SIZE = 28
 
 #: Fashion-MNIST's label order, as a person would name each class.
@@ -65,9 +67,7 @@ def _rgb(gray: np.ndarray) -> np.ndarray:
 
 def fashion(split: str) -> Images:
     """Fashion-MNIST `split` ("train" / "test")."""
-    from pgla_jax import data
-
-    ds = data.load_fashion_mnist(split)
+    ds = datasets.load_fashion_mnist(split)
     return Images(_rgb(ds.images), "fashion", ds.labels.astype(np.int32))
 
 
@@ -75,10 +75,8 @@ def digits() -> Images:
     """MNIST 5k (28x28) and scikit-learn's 1,797 digits (8x8, upsampled bilinearly to 28x28)."""
     from PIL import Image
 
-    from pgla_jax import data
-
-    mnist = data.load_mnist5k()
-    small = data.load_digits()
+    mnist = datasets.load_mnist5k()
+    small = datasets.load_digits()
     up = np.stack([np.asarray(Image.fromarray((x[..., 0] * 255).astype(np.uint8)).resize((20, 20), Image.BILINEAR))
                    for x in small.images]).astype(np.float32) / 255
     up = np.pad(up, ((0, 0), (4, 4), (4, 4)))  # MNIST's 20x20 digit in a 28x28 frame

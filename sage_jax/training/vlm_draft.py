@@ -20,21 +20,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sage_jax.models import eagle_head
+from sage_jax.models import eagle_head, serving_lm
 from sage_jax.models import llava_onevision as lo
-from sage_jax.models import lm as lm_lib
 from sage_jax.training import vlm_data, vlm_model, vlm_train
 from sage_jax.training.vlm_recipe import VLMRecipe
 
 
-def rollout(c: VLMRecipe, parts: vlm_train.Parts, params: dict, n: int, max_new: int = 24, batch: int = 32
+def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new: int = 24, batch: int = 32
             ) -> dict[str, np.ndarray]:
     """`n` training images (the recipe's mix) with questions from the templates, answered greedily by the VLM:
     left-padded prompt + answer (+ <|im_end|>) rows, and the images' pixels. One compile (fixed width)."""
     cfg, tok = parts.cfg, parts.tokenizer
     rng = np.random.default_rng([c.seed, 4])
-    picks = vlm_train._draw(c, parts.data, rng, n)
-    prompts = vlm_train.Prompts(cfg, tok)
+    picks = vlm_model.draw(c, parts.data, rng, n)
+    prompts = vlm_model.Prompts(cfg, tok)
     ids = [prompts.prompt(vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0]) for s, r in picks]
     images = np.stack([parts.data[s].pixels[r] for s, r in picks])
     width = max(len(x) for x in ids)
@@ -52,8 +51,8 @@ def rollout(c: VLMRecipe, parts: vlm_train.Parts, params: dict, n: int, max_new:
         slots = np.flatnonzero(tok_b.reshape(-1) == cfg.image_token_id).astype(np.int32)
         tiles = vlm_model.pixels(images[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
         pos = np.maximum(np.cumsum(val_b, axis=1) - 1, 0).astype(np.int32)
-        gen = lo._generate(cfg, vlm_train._plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None, val_b,
-                           pos)
+        gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None,
+                                 val_b, pos)
         out[rows] = np.asarray(gen)[: len(rows)]
     eos = cfg.text.eos_token_ids[0]
     seq = np.full((n, width + max_new), pad, np.int32)
@@ -68,7 +67,7 @@ def rollout(c: VLMRecipe, parts: vlm_train.Parts, params: dict, n: int, max_new:
     return {"tokens": seq, "valid": seq_valid, "answer": answer, "images": images}
 
 
-def features(parts: vlm_train.Parts, params: dict, rows: dict[str, np.ndarray], batch: int = 16
+def features(parts: vlm_model.Parts, params: dict, rows: dict[str, np.ndarray], batch: int = 16
              ) -> dict[str, np.ndarray]:
     """`rows` with the target's inputs (visual features spliced in) and last hidden states of every slot."""
     cfg, lm = parts.cfg, parts.lm_serving
@@ -76,8 +75,8 @@ def features(parts: vlm_train.Parts, params: dict, rows: dict[str, np.ndarray], 
     @jax.jit
     def forward(params, lm, tokens, valid, tiles):
         b, t = tokens.shape
-        slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * vlm_train._n_visual(cfg))[0]
-        x = lo._embed(cfg, vlm_train._plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, tiles, None,
+        slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * vlm_model.n_visual(cfg))[0]
+        x = lo.embed_inputs(cfg, vlm_model.plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, tiles, None,
                       slots.astype(jnp.int32), None)
         positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
         mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -106,7 +105,7 @@ def head_loss(head_cfg, head: dict, fixed: dict, batch: dict):
     feats, _ = eagle_head.eagle_features(head, head_cfg, fixed["embed"], tokens,
                                          eagle_head.shift_features(batch["hidden"]), positions, mask,
                                          embeddings=batch["embeddings"])
-    logits = lm_lib.head(head_cfg, None, fixed["final_norm"], fixed["vocab_head"], feats).astype(jnp.float32)
+    logits = serving_lm.head(head_cfg, None, fixed["final_norm"], fixed["vocab_head"], feats).astype(jnp.float32)
     nxt = jnp.concatenate([tokens[:, 1:], tokens[:, :1]], axis=1)
     idx = fixed["index"][nxt]  # the next token's column in the reduced vocabulary, -1 outside it
     w = (batch["answer"] & (idx >= 0)).astype(jnp.float32)
@@ -116,17 +115,17 @@ def head_loss(head_cfg, head: dict, fixed: dict, batch: dict):
     return (ce * w).sum() / jnp.maximum(w.sum(), 1.0), {"acc": hit.sum() / jnp.maximum(w.sum(), 1.0)}
 
 
-def train_head(c: VLMRecipe, parts: vlm_train.Parts, params: dict, head_path: str, workdir: str, *,
+def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: str, workdir: str, *,
                progress: bool = True, log: Callable[[str], None] = vlm_train._log, stop_at: int | None = None
                ) -> tuple[object, dict, np.ndarray, dict]:
     """Fine-tunes the head at `head_path` on the VLM's answers (module docstring); returns (head config, trained
     head params, vocabulary ids, the head checkpoint's metadata)."""
-    from sage_jax.io import store
+    from sage_jax.io import lm_checkpoint
 
-    head_cfg, head, vocab_ids, meta = store.load_head(head_path)
-    if store.head_taps(meta):
-        raise ValueError(f"{head_path} fuses target layers {store.head_taps(meta)}; the VLM draft stage takes a "
-                         f"plain EAGLE-style head (the last hidden state)")
+    head_cfg, head, vocab_ids, meta = lm_checkpoint.load_head(head_path)
+    if lm_checkpoint.head_taps(meta):
+        raise ValueError(f"{head_path} fuses target layers {lm_checkpoint.head_taps(meta)}; the VLM draft stage takes "
+                         f"a plain EAGLE-style head (the last hidden state)")
     if vocab_ids is None or "lm_head" in head:
         raise ValueError(f"{head_path}: the VLM draft stage takes a head over a reduced vocabulary of the target's "
                          f"LM-head rows")

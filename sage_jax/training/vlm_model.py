@@ -13,15 +13,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import numpy as np
 
+from sage_jax.io import loader
+from sage_jax.models import anyres, serving_lm
 from sage_jax.models.config import LMConfig
-from sage_jax.models.llava_inputs import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from sage_jax.models.llava_inputs import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Plan, expand_placeholders
 from sage_jax.models.llava_onevision import LlavaOnevisionConfig
 from sage_jax.models.siglip import SiglipConfig
+from sage_jax.training import vlm_data
 
 IMAGE_TOKEN_ID = 16
 IMAGE_TOKEN = "<image>"
@@ -83,3 +87,65 @@ def pixels(images: np.ndarray) -> np.ndarray:
     x = (images.astype(np.float32) / 255.0 - np.float32(OPENAI_CLIP_MEAN)) / np.float32(OPENAI_CLIP_STD)
     x = x.transpose(0, 3, 1, 2)
     return np.stack([x, x], axis=1)
+
+
+def plan(cfg: LlavaOnevisionConfig, n: int) -> Plan:
+    """The static `Plan` of `n` 28x28 images (one compilation per batch size)."""
+    lay = anyres.image_layouts(np.full((n, 2), TILE), cfg.image_grid_pinpoints, cfg.vision.image_size,
+                               cfg.vision.grid, cfg.vision_aspect_ratio, None)
+    return Plan(images=tuple(lay))
+
+
+def n_visual(cfg: LlavaOnevisionConfig) -> int:
+    """Visual tokens of one image."""
+    return plan(cfg, 1).images[0].num_features(cfg.base_tokens)
+
+
+class Prompts:
+    """Token ids of image prompts, one tokenization per question (the visual part is the same for every image)."""
+
+    def __init__(self, cfg: LlavaOnevisionConfig, tokenizer):
+        self.cfg, self.tok, self._ids = cfg, tokenizer, {}
+
+    @property
+    def n_visual(self) -> int:
+        return n_visual(self.cfg)
+
+    def prompt(self, question: str) -> list[int]:
+        if question not in self._ids:
+            msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+            text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            text = expand_placeholders(self.cfg, [text], [[TILE] * 2])[0]
+            self._ids[question] = self.tok(text)["input_ids"]
+        return self._ids[question]
+
+    def answer(self, text: str) -> list[int]:
+        return self.tok(text)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+@dataclasses.dataclass
+class Parts:
+    """What both stages read: the frozen language model, the VLM config, tokenizer and processor directory."""
+
+    cfg: LlavaOnevisionConfig
+    lm_params: dict  # canonical (the checkpoint layout)
+    lm_serving: serving_lm.LM
+    tokenizer: object
+    data: dict[str, vlm_data.Images]
+
+
+def load_parts(c, *, sources: dict[str, vlm_data.Images] | None = None) -> Parts:
+    text_cfg, decoder, text_tok = loader.load_lm(loader.default_target())
+    data = sources if sources is not None else {
+        "fashion": vlm_data.fashion("train"), "digits": vlm_data.digits(),
+        "photos": vlm_data.photos(c.photo_crops, seed=c.seed)}
+    return Parts(cfg=config(text_cfg, c.vision), lm_params=decoder.params(), lm_serving=decoder.serving(),
+                 tokenizer=tokenizer(text_tok), data=data)
+
+
+def draw(c: VLMRecipe, data: dict[str, vlm_data.Images], rng: np.random.Generator, n: int):
+    """n (source, row) pairs drawn by the recipe's mix (sources missing from `data` left out)."""
+    names = [s for s in vlm_data.SOURCES if s in data and len(data[s])]
+    w = np.asarray([c.mix[vlm_data.SOURCES.index(s)] for s in names], np.float64)
+    picks = rng.choice(len(names), size=n, p=w / w.sum())
+    return [(names[k], int(rng.integers(len(data[names[k]])))) for k in picks]

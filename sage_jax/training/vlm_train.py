@@ -15,7 +15,6 @@ bit for bit, because every batch is drawn from (seed, stage, step) alone)::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -28,8 +27,7 @@ import optax
 from flax import nnx
 
 from sage_jax.models import llava_onevision as lo
-from sage_jax.models import lm as lm_lib
-from sage_jax.models.llava_inputs import expand_placeholders
+from sage_jax.models import serving_lm
 from sage_jax.models.siglip import ACTIVATIONS, SiglipVision, hidden_states
 from sage_jax.training import vlm_data, vlm_model
 from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
@@ -45,28 +43,6 @@ def _log(msg: str) -> None:
     tqdm.write(msg)
 
 
-@dataclasses.dataclass
-class Parts:
-    """What both stages read: the frozen language model, the VLM config, tokenizer and processor directory."""
-
-    cfg: lo.LlavaOnevisionConfig
-    lm_params: dict  # canonical (the checkpoint layout)
-    lm_serving: lm_lib.LM
-    tokenizer: object
-    data: dict[str, vlm_data.Images]
-
-
-def load_parts(c: VLMRecipe, *, sources: dict[str, vlm_data.Images] | None = None) -> Parts:
-    from sage_jax.io import loader
-
-    text_cfg, decoder, text_tok = loader.load_lm(loader.default_target())
-    data = sources if sources is not None else {
-        "fashion": vlm_data.fashion("train"), "digits": vlm_data.digits(),
-        "photos": vlm_data.photos(c.photo_crops, seed=c.seed)}
-    return Parts(cfg=vlm_model.config(text_cfg, c.vision), lm_params=decoder.params(), lm_serving=decoder.serving(),
-                 tokenizer=vlm_model.tokenizer(text_tok), data=data)
-
-
 def init_params(cfg: lo.LlavaOnevisionConfig, seed: int) -> dict:
     """Fresh tower, projector and image_newline (the VLM's parameters other than the language model's)."""
     rngs = nnx.Rngs(seed)
@@ -78,14 +54,6 @@ def init_params(cfg: lo.LlavaOnevisionConfig, seed: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------- batches
-
-
-def _draw(c: VLMRecipe, data: dict[str, vlm_data.Images], rng: np.random.Generator, n: int):
-    """n (source, row) pairs drawn by the recipe's mix (sources missing from `data` left out)."""
-    names = [s for s in vlm_data.SOURCES if s in data and len(data[s])]
-    w = np.asarray([c.mix[vlm_data.SOURCES.index(s)] for s in names], np.float64)
-    picks = rng.choice(len(names), size=n, p=w / w.sum())
-    return [(names[k], int(rng.integers(len(data[names[k]])))) for k in picks]
 
 
 def _image(data, source: str, row: int, rng: np.random.Generator, shift: int = 0) -> np.ndarray:
@@ -100,38 +68,16 @@ def _image(data, source: str, row: int, rng: np.random.Generator, shift: int = 0
 
 def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([c.seed, 1, step])
-    picks = _draw(c, data, rng, batch_size)
+    picks = vlm_model.draw(c, data, rng, batch_size)
     images = np.stack([_image(data, s, r, rng, c.shift) for s, r in picks])
     labels = np.asarray([_OFFSET[s] + int(data[s].labels[r]) for s, r in picks], np.int32)
     return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
 
 
-class Prompts:
-    """Token ids of image prompts, one tokenization per question (the visual part is the same for every image)."""
-
-    def __init__(self, cfg: lo.LlavaOnevisionConfig, tokenizer):
-        self.cfg, self.tok, self._ids = cfg, tokenizer, {}
-
-    @property
-    def n_visual(self) -> int:
-        return _n_visual(self.cfg)
-
-    def prompt(self, question: str) -> list[int]:
-        if question not in self._ids:
-            msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-            text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-            text = expand_placeholders(self.cfg, [text], [[vlm_model.TILE] * 2])[0]
-            self._ids[question] = self.tok(text)["input_ids"]
-        return self._ids[question]
-
-    def answer(self, text: str) -> list[int]:
-        return self.tok(text)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
-
-
 def align_batch(c: VLMRecipe, data, prompts: Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
     """Right-padded rows [prompt with visual tokens ; answer ; <|im_end|>], the answer's positions and targets."""
     rng = np.random.default_rng([c.seed, 2, step])
-    picks = _draw(c, data, rng, batch_size)
+    picks = vlm_model.draw(c, data, rng, batch_size)
     t, a = c.seq_len, c.answer_len
     pad = prompts.cfg.text.pad_token_id
     tokens = np.full((batch_size, t), pad, np.int32)
@@ -172,22 +118,14 @@ def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict, token_lo
     return ce, {"acc": jnp.mean(jnp.argmax(logits, -1) == batch["labels"])}
 
 
-def _plan(cfg: lo.LlavaOnevisionConfig, n: int):
-    from sage_jax.models import anyres
-    from sage_jax.models.llava_inputs import Plan
-
-    lay = anyres.image_layouts(np.full((n, 2), vlm_model.TILE), cfg.image_grid_pinpoints, cfg.vision.image_size,
-                               cfg.vision.grid, cfg.vision_aspect_ratio, None)
-    return Plan(images=tuple(lay))
-
-
-def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: lm_lib.LM, batch: dict):
+def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: serving_lm.LM, batch: dict):
     """Mean cross-entropy of the frozen LM on the answer tokens, given the image features of `params`."""
     tokens, valid = batch["tokens"], batch["valid"]
     b, t = tokens.shape
-    slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * _n_visual(cfg))[0].astype(jnp.int32)
-    x = lo._embed(cfg, _plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, batch["tiles"], None, slots,
-                  None)
+    n_slots = b * vlm_model.n_visual(cfg)
+    slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=n_slots)[0].astype(jnp.int32)
+    x = lo.embed_inputs(cfg, vlm_model.plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, batch["tiles"],
+                        None, slots, None)
     positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
     hidden, _ = lm.forward(None, positions, mask, embeddings=x)
@@ -223,11 +161,7 @@ def _cached(path: str, compute: Callable[[], dict]) -> dict:
     return _read_json(path, {})
 
 
-def _n_visual(cfg: lo.LlavaOnevisionConfig) -> int:
-    return _plan(cfg, 1).images[0].num_features(cfg.base_tokens)
-
-
-def warm_projector(c: VLMRecipe, parts: Parts, params: dict, lam: float = 1e-3) -> dict:
+def warm_projector(c: VLMRecipe, parts: vlm_model.Parts, params: dict, lam: float = 1e-3) -> dict:
     """`params` with projector w2 / b2 fitted by ridge regression (w1 kept at its initialisation) so that every
     visual token of an image lands on the LM's embedding of its class's short name (`vlm_data.SHORT_NAMES`), and
     image_newline set to the embedding of "\\n"."""
@@ -237,7 +171,7 @@ def warm_projector(c: VLMRecipe, parts: Parts, params: dict, lam: float = 1e-3) 
     def word(text: str) -> np.ndarray:
         return embed[tok(text, add_special_tokens=False)["input_ids"]].mean(axis=0)
 
-    picks = _draw(c, parts.data, np.random.default_rng([c.seed, 3]), c.ridge_images)
+    picks = vlm_model.draw(c, parts.data, np.random.default_rng([c.seed, 3]), c.ridge_images)
     images = np.stack([parts.data[s].pixels[r] for s, r in picks])
     y = np.stack([word(vlm_data.SHORT_NAMES[s][int(parts.data[s].labels[r])]) for s, r in picks])
     p = params["projector"]
@@ -340,10 +274,10 @@ def _write_json(path: str, obj) -> None:
 # ------------------------------------------------------------------------------------------------- evaluation
 
 
-def answer(parts: Parts, params: dict, images: np.ndarray, question: str = vlm_data.DEFAULT_QUESTION,
+def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: str = vlm_data.DEFAULT_QUESTION,
            max_new_tokens: int = 16, batch_size: int = 16) -> list[str]:
     """Greedy answers (plain decoding, the model's own `generate`) to `question` about each 28x28 image."""
-    prompts = Prompts(parts.cfg, parts.tokenizer)
+    prompts = vlm_model.Prompts(parts.cfg, parts.tokenizer)
     ids = np.asarray([prompts.prompt(question)] * len(images), np.int32)
     full = {**params, "lm": parts.lm_params}
     out = []
@@ -355,8 +289,8 @@ def answer(parts: Parts, params: dict, images: np.ndarray, question: str = vlm_d
         tiles = vlm_model.pixels(chunk).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
         valid = np.ones(tok.shape, bool)
         pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
-        gen = lo._generate(parts.cfg, _plan(parts.cfg, n), max_new_tokens, full, tok, tiles, None, slots, None,
-                           valid, pos)
+        gen = lo.generate_tokens(parts.cfg, vlm_model.plan(parts.cfg, n), max_new_tokens, full, tok, tiles, None,
+                                 slots, None, valid, pos)
         out += [parts.tokenizer.decode(_until_eos(row, parts.cfg.text.eos_token_ids), skip_special_tokens=True)
                 for row in np.asarray(gen)]
     return out
@@ -368,7 +302,7 @@ def _until_eos(row, eos) -> list[int]:
     return row[: ends[0]] if ends else row
 
 
-def heldout_accuracy(parts: Parts, params: dict, n: int) -> dict:
+def heldout_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
     test = vlm_data.fashion("test")
     idx = vlm_data.heldout_indices(n)
     texts = answer(parts, params, test.pixels[idx])
@@ -381,14 +315,14 @@ def heldout_accuracy(parts: Parts, params: dict, n: int) -> dict:
 
 
 def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str], None] = _log,
-        parts: Parts | None = None, heldout: int = 100) -> dict:
+        parts: vlm_model.Parts | None = None, heldout: int = 100) -> dict:
     """Both stages, then the export to WORKDIR/vlm, the loss plot and WORKDIR/summary.json (module docstring)."""
     t0 = time.perf_counter()
-    parts = parts or load_parts(c)
+    parts = parts or vlm_model.load_parts(c)
     cfg = parts.cfg
     fresh = init_params(cfg, c.seed)
     log(f"tower: {_count(fresh['vision']):,} params; projector + newline: "
-        f"{_count(fresh['projector']) + cfg.text.d_model:,}; {_n_visual(cfg)} visual tokens per image")
+        f"{_count(fresh['projector']) + cfg.text.d_model:,}; {vlm_model.n_visual(cfg)} visual tokens per image")
     dv = cfg.vision.hidden_size
     probe = {"w": jnp.zeros((dv, N_PROBE)), "b": jnp.zeros(N_PROBE)}
     tower = run_stage(
@@ -397,7 +331,7 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
         lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir, progress=progress, log=log)
     probe_acc = _cached(os.path.join(workdir, "tower", "probe.json"), lambda: probe_accuracy(cfg, tower))
     log(f"tower probe on held-out Fashion-MNIST: {probe_acc}")
-    prompts = Prompts(cfg, parts.tokenizer)
+    prompts = vlm_model.Prompts(cfg, parts.tokenizer)
     params = {"vision": tower["vision"], "projector": fresh["projector"], "image_newline": fresh["image_newline"]}
     if c.warm_start:
         params = warm_projector(c, parts, params)
@@ -428,22 +362,22 @@ def _count(tree) -> int:
     return sum(int(np.size(x)) for x in jax.tree.leaves(tree))
 
 
-def export(c: VLMRecipe, parts: Parts, params: dict, out: str) -> str:
+def export(c: VLMRecipe, parts: vlm_model.Parts, params: dict, out: str) -> str:
     """The trained VLM as our checkpoint (kind "vlm", its language model the shipped default, not copied)."""
     import tempfile
 
-    from sage_jax.io import vlm_store
+    from sage_jax.io import vlm_checkpoint
 
     with tempfile.TemporaryDirectory() as proc:
         vlm_model.write_processor(proc)
-        return vlm_store.save_adapter(out, parts.cfg, params, parts.tokenizer, proc, overwrite=True,
+        return vlm_checkpoint.save_adapter(out, parts.cfg, params, parts.tokenizer, proc, overwrite=True,
                                       provenance={"recipe": c.to_json(), "trained_by": "python -m sage_jax.train_vlm"})
 
 
-def export_draft(c: VLMRecipe, parts: Parts, params: dict, workdir: str, *, progress: bool = True,
+def export_draft(c: VLMRecipe, parts: vlm_model.Parts, params: dict, workdir: str, *, progress: bool = True,
                  log: Callable[[str], None] = _log) -> str:
     """The draft stage (`vlm_draft.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
-    from sage_jax.io import loader, store
+    from sage_jax.io import lm_checkpoint, loader
     from sage_jax.training import vlm_draft
 
     head = loader.default_draft()
@@ -451,7 +385,7 @@ def export_draft(c: VLMRecipe, parts: Parts, params: dict, workdir: str, *, prog
         raise FileNotFoundError("the draft stage fine-tunes the shipped head, which this checkout lacks")
     head_cfg, trained, vocab_ids, meta = vlm_draft.train_head(c, parts, params, head, workdir, progress=progress,
                                                               log=log)
-    return store.save_head(os.path.join(workdir, "vlm", "draft"), head_cfg, trained, target_cfg=parts.cfg.text,
+    return lm_checkpoint.save_head(os.path.join(workdir, "vlm", "draft"), head_cfg, trained, target_cfg=parts.cfg.text,
                            vocab_ids=vocab_ids, dtype="bfloat16", overwrite=True,
                            provenance={"recipe": c.to_json(), "fine_tuned_from": "sage_jax/assets/smollm2_eagle",
                                        "trained_by": "python -m sage_jax.train_vlm"})

@@ -9,7 +9,7 @@ to OUT as soon as it exists, so a lease that runs out still returns the data.
                                                              # step and a batched decode, checks the toolchain
 
 Phases (fractions of --seconds): the target samples user messages from its chat template's empty user slot
-(`build_datastore.self_prompts`, filtered: held-out prompts and their relatives, repeats, unfinished ones) until
+(`training.self_prompts.sample`, filtered: held-out prompts and their relatives, repeats, unfinished ones) until
 22%; answers them greedily in float32 (`Engine.generate`, policy "ar"), appended to WORKDIR/answers.jsonl in
 `build_datastore`'s format, until 50%; then trains the recipe's head (`configs/sage/smollm2_eagle_device.py`: the
 shipped head continued) on those rows, the target's features computed in the step (`training/online.py`), until
@@ -84,7 +84,7 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
 
     from configs.sage import smollm2_eagle_device
     from sage_jax.engine import Engine
-    from sage_jax.io import store
+    from sage_jax.io import lm_checkpoint
     from sage_jax.models import eagle_head
     from sage_jax.models.config import LMConfig
     from sage_jax.models.decoder import Decoder
@@ -120,7 +120,7 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
     first, steady = r.first_step_seconds, r.step_seconds
     log(f"train: first step {first:.1f}s (compile); {steady * 1000:.1f} ms/step of {tc.batch_size} rows x {length}")
     res.update(train_compile_s=first, train_step_s=steady, batch_size=tc.batch_size, row_length=length)
-    path = store.save_head(os.path.join(workdir, "probe_head"), hcfg, r.params, target_cfg=cfg, vocab_ids=vocab,
+    path = lm_checkpoint.save_head(os.path.join(workdir, "probe_head"), hcfg, r.params, target_cfg=cfg, vocab_ids=vocab,
                            overwrite=True, dtype="bfloat16")
     log(f"head written: {path}")
     with open(os.path.join(out, "probe.json"), "w") as f:
@@ -136,7 +136,7 @@ def generate_answers(engine, prompts: list[str], path: str, *, batch: int, max_n
     format until `deadline`. Returns the answers in the file."""
     import jax
 
-    from sage_jax.build_datastore import read_answer_lines
+    from sage_jax.training.answers import read_answer_lines
 
     have = len(read_answer_lines(path))
     t = time.monotonic()
@@ -198,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from sage_jax.build_datastore import self_prompts
     from sage_jax.engine import load_engine
-    from sage_jax.io import loader, store
+    from sage_jax.io import lm_checkpoint, loader
     from sage_jax.training import online, pipeline, train
+    from sage_jax.training.self_prompts import sample as self_prompts
 
     end = T0 + args.seconds
     summary: dict = {"args": vars(args), "jax": jax.__version__, "device": str(jax.devices()[0])}
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["row_length"] = int(rows["tokens"].shape[1])
     log(f"rows: {len(train_idx)} training ({summary['train_answer_tokens']} answer tokens), {len(held_idx)} held out, "
         f"length {summary['row_length']}")
-    vocab_ids = np.asarray(store.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
+    vocab_ids = np.asarray(lm_checkpoint.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
     tcfg = lm_t.cfg
     hcfg, p0 = pipeline.eagle_init(c, tcfg, lm_t, vocab_ids)
     taps = tuple(c.eagle.taps)
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     prov = {"recipe": c.to_json(), "target": loader.default_target(), "device_run": {
         k: summary[k] for k in ("device", "jax", "prompts", "answers", "train_rows", "train_answer_tokens")},
         "steps_done": res.step}
-    path = store.save_head(os.path.join(args.workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
+    path = lm_checkpoint.save_head(os.path.join(args.workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
                            vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype, taps=taps)
     loader.write_manifest(path)
     with tarfile.open(os.path.join(args.out, "head.tar"), "w") as tar:

@@ -33,7 +33,7 @@ def inputs(tmp_path_factory):
     from configs import cli
     from pgla_jax.config import DenoiserConfig
     from pgla_jax.denoise import gradients
-    from sage_jax.io import store
+    from sage_jax.io import lm_checkpoint
     from sage_jax.models import Decoder, LMConfig
 
     root = tmp_path_factory.mktemp("distributed")
@@ -41,8 +41,8 @@ def inputs(tmp_path_factory):
     params = jax.tree.map(lambda x: np.asarray(x) * (40.0 if x.ndim > 1 else 1.0), target.params())
     rng = np.random.default_rng(1)
     draft = jax.tree.map(lambda x: (x * (1 + 0.05 * rng.standard_normal(x.shape))).astype(x.dtype), params)
-    store.save_lm(root / "target", target.cfg, params)
-    store.save_lm(root / "draft", target.cfg, draft)
+    lm_checkpoint.save_lm(root / "target", target.cfg, params)
+    lm_checkpoint.save_lm(root / "draft", target.cfg, draft)
     cfg = cli.load_config("denoiser_tiny", "configs.pgla", DenoiserConfig)
     gradients.build(cfg.gradients, str(root / "gradients"))
     return {"root": root, "target": str(root / "target"), "draft": str(root / "draft"),

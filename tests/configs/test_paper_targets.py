@@ -41,7 +41,7 @@ def test_readme_shows_this_table():
 
 def test_a_72b_layer_lowers_for_a_tpu_slice():
     from sage_jax.models import layers
-    from sage_jax.models.lm import serving_params
+    from sage_jax.models.serving_lm import serving_params
 
     preset = paper_targets.presets()["qwen2.5-vl-72b+7b"]
     arch, cfg = preset.target.build_config()

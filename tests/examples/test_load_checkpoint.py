@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from configs import sharding
-from sage_jax.io import loader, store, vlm_store
+from sage_jax.io import lm_checkpoint, loader
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.config import LMConfig, RopeConfig
 
@@ -80,8 +80,8 @@ def smollm2_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_ckpt):
-    """The project's side: (config, Decoder) restored by `sage_jax.io.store`."""
-    cfg, model, _ = store.load_lm(smollm2_ckpt)
+    """The project's side: (config, Decoder) restored by `sage_jax.io.lm_checkpoint`."""
+    cfg, model, _ = lm_checkpoint.load_lm(smollm2_ckpt)
     return cfg, model
 
 
@@ -130,7 +130,7 @@ def test_eagle_head_matches(ex, smollm2, smollm2_plain):
     """The shipped head (bfloat16, reduced vocabulary of 8192 ids) on the target's own features."""
     cfg, model = smollm2
     _, ref_hidden, _ = model(jnp.asarray(TOKENS))
-    head_cfg, head, vocab_ids, _ = store.load_head(EAGLE)
+    head_cfg, head, vocab_ids, _ = lm_checkpoint.load_head(EAGLE)
     weights = eagle_head.EagleWeights.build(head_cfg, head, vocab_ids, cfg, model.embed[...], None)
     prev = eagle_head.shift_features(ref_hidden)
     ref_logits, ref_feats, _ = jax.jit(lambda w, embed, norm, x, f: eagle_head.eagle_forward(
@@ -151,13 +151,13 @@ def tiny_qwen2(tmp_path_factory, devices):
     """A tiny Qwen2-style LM (q/k/v biases, untied head, YaRN RoPE) saved while sharded over 8 devices:
     (path, config, the same model on one device)."""
     cfg = LMConfig.tiny(rope=RopeConfig(theta=1e4, type="yarn", factor=4.0, original_max_position=64))
-    params = random_like(nnx.to_pure_dict(store.abstract_model(cfg)[1]), 1)
+    params = random_like(nnx.to_pure_dict(lm_checkpoint.abstract_model(cfg)[1]), 1)
     path = tmp_path_factory.mktemp("tiny") / "qwen2"
-    store.save_lm(path, cfg, params)
-    _, sharded, _ = store.load_lm(path, mesh=sharding.make_mesh(model=2, devices=devices))
+    lm_checkpoint.save_lm(path, cfg, params)
+    _, sharded, _ = lm_checkpoint.load_lm(path, mesh=sharding.make_mesh(model=2, devices=devices))
     assert len(sharded.blocks.wq[...].addressable_shards) == 8
-    store.save_lm(path, cfg, sharded.params(), overwrite=True)  # written from 8 devices
-    return str(path), cfg, store.build(cfg, params)
+    lm_checkpoint.save_lm(path, cfg, sharded.params(), overwrite=True)  # written from 8 devices
+    return str(path), cfg, lm_checkpoint.build(cfg, params)
 
 
 def test_sharded_qwen2_style_lm_matches(ex, tiny_qwen2):
@@ -178,7 +178,7 @@ def test_eagle3_style_head_matches(ex, tiny_qwen2, tmp_path):
     abstract = nnx.eval_shape(lambda: eagle_head.EagleHead(head_cfg, n_taps=2, head_vocab=16, rngs=nnx.Rngs(0)))
     params = random_like(abstract.params(), 2)
     ids = np.sort(np.random.default_rng(2).choice(cfg.vocab_size, 16, replace=False)).astype(np.int32)
-    store.save_head(str(tmp_path / "head"), head_cfg, params, target_cfg=cfg, vocab_ids=ids, taps=taps)
+    lm_checkpoint.save_head(str(tmp_path / "head"), head_cfg, params, target_cfg=cfg, vocab_ids=ids, taps=taps)
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 6)))
     pos, mask = jnp.broadcast_to(jnp.arange(6), (2, 6)), layers.causal_mask(6, jnp.zeros((2,), jnp.int32))
 
@@ -211,7 +211,7 @@ def test_vlm_matches(ex, smollm2_ckpt, smollm2_plain):
     image processor, visual embeddings and the spliced LM forward against the project's model."""
     from PIL import Image
 
-    from sage_jax.models.vision_lm import _image_processor
+    from sage_jax.io.vision_lm import _image_processor
 
     image = np.random.default_rng(4).integers(0, 256, (28, 28, 3), dtype=np.uint8)
     tiles = ex.preprocess_image(VLM, image)
@@ -220,7 +220,7 @@ def test_vlm_matches(ex, smollm2_ckpt, smollm2_plain):
 
     with pytest.MonkeyPatch.context() as mp:  # the "default" LM: the checkpoint converted above
         mp.setattr(loader, "default_target", lambda: smollm2_ckpt)
-        _, cfg, module = vlm_store.load_checkpoint(VLM)
+        _, cfg, module = loader.load_vlm_checkpoint(VLM)
     n_feat = 16 + 4 * 5  # the whole-image tile's 4x4 patches, then the grid tile's 4 rows of 4 + newline
     ids = np.concatenate([[1, 504, 28], np.full(n_feat, cfg.image_token_id), [30, 2]])[None]
     inputs = dict(input_ids=ids, pixel_values=tiles[None], image_sizes=np.array([[28, 28]]))
@@ -239,7 +239,7 @@ def test_vlm_matches(ex, smollm2_ckpt, smollm2_plain):
 
 def test_denoiser_unet_matches(ex):
     """The shipped conditional U-Net on an encoded noisy LeNet gradient, at a fractional timestep."""
-    from pgla_jax.denoise import store as dstore
+    from pgla_jax.denoise import denoiser_checkpoint as dstore
     from pgla_jax.denoise.unet import UNet
 
     tree, cfg, _ = dstore.load(DENOISER)
@@ -263,8 +263,8 @@ def test_denoiser_unet_matches(ex):
 
 
 def test_dncnn_matches(ex):
+    from pgla_jax.denoise import denoiser_checkpoint as dstore
     from pgla_jax.denoise import dncnn
-    from pgla_jax.denoise import store as dstore
 
     tree, cfg, _ = dstore.load(DNCNN, dncnn.KIND)
     model = nnx.eval_shape(lambda: dncnn.DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(0)))

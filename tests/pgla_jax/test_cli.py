@@ -16,7 +16,7 @@ ROW_KEYS = {"epsilon", "noise", "calibration", "denoiser", "t_star", "grad_cosin
 
 def test_cli_json_and_figure(tmp_path, capsys):
     out = tmp_path / "run"
-    # The paper's setting on 2 digits, at the iteration count whose DLG program test_attacks already compiled.
+    # The paper's setting on 2 digits, at the iteration count whose DLG program test_inversion already compiled.
     argv = ["--config", "mnist_lenet", "--epsilons", "1,100", "--images", "2", "--iterations", "500", "--out", str(out),
             "--denoiser", "none", "--denoisers", "none", "--json"]
     assert attack.main(argv) == 0
@@ -156,12 +156,12 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     from flax import nnx
 
     from configs.pgla import denoiser_tiny
-    from pgla_jax.denoise import store
+    from pgla_jax.denoise import denoiser_checkpoint
     from pgla_jax.denoise.unet import UNet
 
     cfg = denoiser_tiny.get_config()
     ckpt = str(tmp_path / "denoiser")
-    store.save(ckpt, store.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
+    denoiser_checkpoint.save(ckpt, denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     out = tmp_path / "run"
     argv = ["--config", "digits_tiny", "--denoiser", ckpt, "--noise", "gaussian,laplace", "--epsilons", "1",
             "--images", "1", "--iterations", "20", "--denoisers", "none,wiener,diffusion,diffusion_released",
@@ -200,7 +200,7 @@ def test_train_denoiser_end_to_end(tmp_path):
     set, the U-Net and DnCNN checkpoints; then a longer schedule on the finished workdir without --extend is the
     library's refusal, one line and exit 2. ~80-90 s, most of it compiling the U-Net's training step."""
     from configs.pgla import denoiser_tiny
-    from pgla_jax.denoise import prior, store
+    from pgla_jax.denoise import denoiser_checkpoint, prior
 
     env = {**os.environ, "XLA_FLAGS": "", "JAX_NUMPY_RANK_PROMOTION": "raise"}
     work = tmp_path / "work"
@@ -208,8 +208,8 @@ def test_train_denoiser_end_to_end(tmp_path):
     p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith(f"denoiser checkpoint: {work / 'denoiser'}") and "DnCNN baseline" in p.stderr
-    assert store.load(str(work / "denoiser"))[2]["provenance"]["steps"] == 4
-    assert store.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
+    assert denoiser_checkpoint.load(str(work / "denoiser"))[2]["provenance"]["steps"] == 4
+    assert denoiser_checkpoint.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
     assert "Gaussian prior" in p.stderr
     assert prior.load(str(work / "prior")).rank == denoiser_tiny.get_config().prior_rank
     p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)

@@ -12,7 +12,7 @@ from configs import sharding
 from configs.pgla import denoiser_tiny
 from pgla_jax import codec, data, fl, metrics, protections
 from pgla_jax.config import DataConfig, GradientDataConfig, ProtectionConfig, UNetConfig, VictimConfig
-from pgla_jax.denoise import baselines, denoisers, gradients, store
+from pgla_jax.denoise import baselines, denoiser_checkpoint, denoisers, gradients
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.models import split_victim
 
@@ -90,7 +90,7 @@ def tiny_ckpt(tmp_path_factory):
     """An untrained tiny conditional U-Net checkpoint for the 8×8 digits LeNet (saving needs no training)."""
     cfg = denoiser_tiny.get_config()
     path = str(tmp_path_factory.mktemp("ckpt") / "denoiser")
-    store.save(path, store.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
+    denoiser_checkpoint.save(path, denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     return path, cfg
 
 
@@ -244,7 +244,7 @@ def test_shipped_denoiser_cleans_a_real_protected_gradient(lenet, protected_digi
     0.973, 0.982)."""
     _, params = lenet
     plan, cases = protected_digits
-    dens = denoisers.load(store.shipped_path(), codec.make_codec(params, "image2d", 4))
+    dens = denoisers.load(denoiser_checkpoint.shipped_path(), codec.make_codec(params, "image2d", 4))
     assert "dncnn" in dens.names and dens.cfg.unet.cond_channels == 1
     for g, g_sent in cases:
         cos, t_stars = {}, {}
@@ -273,4 +273,4 @@ def test_training_extends_to_more_steps(tiny_run):
     out = train.train(dataclasses.replace(cfg, steps=6), data, str(root / "full"), progress=more.append, mesh=mesh,
                       extend=True)
     assert len(more) == 2 and all(np.isfinite(more))
-    assert store.load(out)[2]["provenance"]["steps"] == 6
+    assert denoiser_checkpoint.load(out)[2]["provenance"]["steps"] == 6

@@ -10,7 +10,7 @@ from flax import nnx
 from configs.pgla import denoiser_tiny
 from pgla_jax import codec, fl, protections
 from pgla_jax.config import ProtectionConfig
-from pgla_jax.denoise import ddpm, denoisers, prior, sampling, store
+from pgla_jax.denoise import ddpm, denoiser_checkpoint, denoisers, prior, sampling
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.models import split_victim
 
@@ -91,7 +91,7 @@ def tiny_prior_ckpt(tmp_path_factory):
     """An untrained tiny U-Net and a prior fitted on random 'gradients' of the 8×8 digits LeNet, saved side by side."""
     cfg = denoiser_tiny.get_config()
     root = tmp_path_factory.mktemp("prior_ckpt")
-    store.save(str(root / "denoiser"), store.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
+    denoiser_checkpoint.save(str(root / "denoiser"), denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     _, params = split_victim(cfg.gradients.victim)
     bounds = prior.blocks(params)
     fake = np.random.default_rng(0).normal(size=(64, bounds[-1][1])) * 0.1
@@ -141,9 +141,9 @@ def test_shipped_checkpoint_per_victim(shape, kind):
     from configs import checkpoint
     from pgla_jax.config import VictimConfig
 
-    path = store.shipped_for(VictimConfig(image_shape=shape))
+    path = denoiser_checkpoint.shipped_for(VictimConfig(image_shape=shape))
     assert checkpoint.read_metadata(path)["kind"] == kind
-    assert store.shipped_for(VictimConfig(image_shape=shape, num_classes=100)) is None
+    assert denoiser_checkpoint.shipped_for(VictimConfig(image_shape=shape, num_classes=100)) is None
 
 
 def test_shipped_colour_prior_cleans_real_protected_gradients():
@@ -155,7 +155,7 @@ def test_shipped_colour_prior_cleans_real_protected_gradients():
 
     victim = VictimConfig(image_shape=(32, 32, 3))
     graphdef, params = split_victim(victim)
-    dens = denoisers.load(store.shipped_for(victim), codec.make_codec(params, "image2d", 4))
+    dens = denoisers.load(denoiser_checkpoint.shipped_for(victim), codec.make_codec(params, "image2d", 4))
     assert dens.unet is None and set(dens.names) == {"none", "gaussian_filter", "wiener", *denoisers.PRIOR}
     x, y = data.pick(data.skimage_patches(), 2, seed=0)
     cfg = ProtectionConfig()

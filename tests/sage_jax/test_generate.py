@@ -136,21 +136,21 @@ def other_vocab(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vlm_dirs(tmp_path_factory):
-    """Our converted checkpoints of tiny random VLMs (`vlm_store.save`): a Qwen2.5-VL target and its one-layer
+    """Our converted checkpoints of tiny random VLMs (`vlm_checkpoint.save`): a Qwen2.5-VL target and its one-layer
     draft, an image-only LLaVA-OneVision with a 64-token context; an image and a video file."""
     import numpy as np
     from PIL import Image
 
     from sage_jax.bench.tiny_vlm import tiny_vlm
-    from sage_jax.io import vlm_store
+    from sage_jax.io import vlm_checkpoint
 
     root = tmp_path_factory.mktemp("vlm_dirs")
     target = tiny_vlm("qwen2_5_vl", 0, root / "p0")
     draft = tiny_vlm("qwen2_5_vl", 1, root / "p1", n_layers=1, like=target, noise=0.05)
     small = tiny_vlm("llava_onevision", 0, root / "p2", video=False, max_position=64)
-    out = {"target": vlm_store.save(target, root / "qwen2.5-vl-72b"),
-           "draft": vlm_store.save(draft, root / "qwen2.5-vl-7b"),
-           "image_only": vlm_store.save(small, root / "llava-image-only"), "root": str(root)}
+    out = {"target": vlm_checkpoint.save(target, root / "qwen2.5-vl-72b"),
+           "draft": vlm_checkpoint.save(draft, root / "qwen2.5-vl-7b"),
+           "image_only": vlm_checkpoint.save(small, root / "llava-image-only"), "root": str(root)}
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)).save(root / "cat.png")
     np.save(root / "clip.npy", rng.integers(0, 256, (4, 56, 56, 3), dtype=np.uint8))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sage_jax.engine import Engine, load_engine
-from sage_jax.io import store
+from sage_jax.io import lm_checkpoint
 from sage_jax.models import eagle_head
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.draft_vocab import DraftVocab
@@ -29,9 +29,9 @@ def test_eagle_head_matches_ar(tiny_lm, tmp_path):
         assert out.token_ids == ref, name
         assert out.stats.draft_forwards > out.stats.steps and out.stats.mean_accepted > 0
     ids = np.arange(0, 64, 2)  # a reduced vocabulary: even ids only
-    path = store.save_head(str(tmp_path / "head"), cfg, params, target_cfg=target.cfg, vocab_ids=ids)
+    path = lm_checkpoint.save_head(str(tmp_path / "head"), cfg, params, target_cfg=target.cfg, vocab_ids=ids)
     prior = {"sage": {"n_max": 64, "d_cap": 10, "steps": 3}}
-    store.write_acceptance(path, {"policies": prior})  # what `evaluate_draft --write-prior` stores
+    lm_checkpoint.write_acceptance(path, {"policies": prior})  # what `evaluate_draft --write-prior` stores
     engine = load_engine(CausalLM(target), path)  # a head checkpoint is recognised as an EAGLE draft
     assert engine.draft_spec.kind == "eagle" and engine.description == f"EAGLE head {path}"
     assert engine.acceptance_prior == prior
@@ -64,7 +64,8 @@ def test_fused_head_with_its_own_vocab_head_matches_ar(tiny_lm, tmp_path):
         outs[taps] = out.stats
     assert outs[(0, 1, 2)].draft_forwards > outs[(0, 1, 2)].steps
     assert outs[(0, 1, 2)].alpha_trace != outs[(2, 1, 0)].alpha_trace  # the fused taps shape the drafts
-    path = store.save_head(str(tmp_path / "head3"), cfg, params, target_cfg=target.cfg, vocab_ids=ids, taps=(0, 1, 2))
+    path = lm_checkpoint.save_head(str(tmp_path / "head3"), cfg, params, target_cfg=target.cfg, vocab_ids=ids,
+                                   taps=(0, 1, 2))
     loaded = load_engine(CausalLM(target), path)
     assert loaded._lm_d.taps == (0, 1, 2) and "lm_head" not in loaded._lm_d.head
     np.testing.assert_array_equal(np.asarray(loaded._lm_d.vocab.head), np.asarray(params["lm_head"]))

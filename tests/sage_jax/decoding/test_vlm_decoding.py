@@ -243,7 +243,7 @@ def test_probe_attention_is_the_layers_softmax(tiny_lm):
     projections, averaged over heads (one layer, so no averaging over layers)."""
     from sage_jax.decoding.autoregressive import prompt_layout
     from sage_jax.models import layers
-    from sage_jax.models.lm import Probe
+    from sage_jax.models.serving_lm import Probe
 
     lm = tiny_lm(0, n_layers=1, vocab_size=64).serving()
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 64, (2, 10)), jnp.int32)

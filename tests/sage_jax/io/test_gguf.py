@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from sage_jax.io import gguf as our_gguf
-from sage_jax.io import hf, store
+from sage_jax.io import hf, lm_checkpoint
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 
@@ -82,7 +82,7 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, cfg, rel_err):
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
     with torch.no_grad():
         ref_logits = ref.eval()(torch.tensor(TOKENS, dtype=torch.long)).logits.numpy()
-    ours = np.asarray(nnx.jit(lambda m, x: m(x)[0])(store.build(cfg2, params2), TOKENS))
+    ours = np.asarray(nnx.jit(lambda m, x: m(x)[0])(lm_checkpoint.build(cfg2, params2), TOKENS))
     err = rel_err(ours, ref_logits)
     print(f"tiny {arch} GGUF rel err {err:.2e}")
     assert err <= 1e-4
@@ -108,7 +108,7 @@ def test_gguf_conversion_cache(tmp_path, monkeypatch):
     first = load_lm(tmp_path / "tiny.gguf")
     ckpt = loader.cache_path(tmp_path / "tiny.gguf")  # written by the first load
     assert ckpt.startswith(str(tmp_path / "cache")) and loader.detect(ckpt) == "checkpoint"
-    meta = store.checkpoint.read_metadata(ckpt)
+    meta = lm_checkpoint.checkpoint.read_metadata(ckpt)
     assert meta["provenance"]["sha256"] == loader.sha256(tmp_path / "tiny.gguf")
     second = load_lm(tmp_path / "tiny.gguf")
     assert first[0] == second[0] and second[2].eos_token_id == 1

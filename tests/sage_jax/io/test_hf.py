@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sage_jax.io import hf, store
+from sage_jax.io import hf, lm_checkpoint
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
@@ -37,7 +37,7 @@ def _ref_logits(model):
 
 def _our_logits(path):
     cfg, params, _ = hf.read_hf(path)
-    model = store.build(cfg, params)
+    model = lm_checkpoint.build(cfg, params)
     return cfg, np.asarray(nnx.jit(lambda m, x: m(x)[0])(model, TOKENS))
 
 
@@ -86,7 +86,7 @@ def test_write_hf_round_trip(tmp_path, cfg, rel_err):
     model = Decoder(cfg, rngs=nnx.Rngs(1))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     params = jax.tree.map(lambda a: np.asarray(a) + 0.05 * np.random.default_rng(2).standard_normal(a.shape), params)
-    model = store.build(cfg, params)
+    model = lm_checkpoint.build(cfg, params)
     hf.write_hf(tmp_path, cfg, params)
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ours = np.asarray(nnx.jit(lambda m, x: m(x)[0])(model, TOKENS))

@@ -45,10 +45,10 @@ def test_shipped_drafts_carry_a_prior_the_chooser_uses():
     policies' current static sizes: a prior of other sizes is silently ignored, and `--budget auto` would then
     explore its first request with full trees (the VLM's once ran at 0.44x AR that way on a 2-core CPU)."""
     from sage_jax.decoding.policies import TreePolicy
-    from sage_jax.io import store
+    from sage_jax.io import lm_checkpoint
 
     for path in (loader.default_draft(), loader.default_vlm_draft()):
-        policies = store.read_acceptance(path)["policies"]
+        policies = lm_checkpoint.read_acceptance(path)["policies"]
         assert {"sage", "eagle2", "static", "chain"} <= policies.keys(), path
         for name, prior in policies.items():
             pol = TreePolicy.named(name)

@@ -154,7 +154,7 @@ def _tpu_verify_step(cfg, mesh, b=1, w=26, capacity=1024, mrope=False):
     """`jax.export` for TPU of the speculative step's target forward (the cache read only, the LM head and argmax)
     with the kernel: the `mc_sim_7b_63`-sized tree (root + 25 nodes) over a half-full cache."""
     from sage_jax.decoding.tree import MC_SIM_7B_63
-    from sage_jax.models.lm import serving_params
+    from sage_jax.models.serving_lm import serving_params
 
     paths = [()] + list(MC_SIM_7B_63)
     anc = np.asarray([[len(q) <= len(p) and p[: len(q)] == q for q in paths] for p in paths])[:w, :w]

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from sage_jax.engine import Engine
-from sage_jax.io import store
+from sage_jax.io import lm_checkpoint
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
@@ -210,8 +210,8 @@ def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     np.testing.assert_array_equal(one, expect.astype(np.int32))
     deep = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
     assert np.all((deep >= one) & (deep <= 4)) and np.all((deep > 0) == (one > 0))
-    path = store.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
-    cfg2, p2, ids, meta = store.load_head(path)
+    path = lm_checkpoint.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
+    cfg2, p2, ids, meta = lm_checkpoint.load_head(path)
     assert cfg2 == cfg and ids is None and meta["kind"] == "eagle_head"
     assert jax.tree.structure(p2) == jax.tree.structure(res.params)
 
@@ -324,8 +324,8 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     import json
 
     from configs.sage import smollm2_eagle_chat3
-    from sage_jax.build_datastore import training_prompts
     from sage_jax.training import pipeline
+    from sage_jax.training.answers import training_prompts
 
     cfg, _, tok, _ = smollm2
     prompts = training_prompts(6)
@@ -369,7 +369,7 @@ def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_do
     c = dataclasses.replace(c, vocab_size=40)
     hcfg, p0 = pipeline.eagle_init(c, tcfg, target.serving(), vocab)
     p0 = jax.tree.map(lambda x: np.asarray(x) + 0.5, p0)  # not what a fresh init gives
-    path = store.save_head(str(tmp_path / "head"), hcfg, p0, target_cfg=tcfg, vocab_ids=vocab)
+    path = lm_checkpoint.save_head(str(tmp_path / "head"), hcfg, p0, target_cfg=tcfg, vocab_ids=vocab)
     cont = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, init_from=path))
     hcfg2, p1 = pipeline.eagle_init(cont, tcfg, target.serving(), vocab)
     assert hcfg2 == hcfg
@@ -397,7 +397,7 @@ def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_do
                                            mask, vocab=voc.replace(head=jnp.asarray(p2["lm_head"])))
     np.testing.assert_array_equal(after, before)
     # ... but dropping one is refused: its training would be lost.
-    path2 = store.save_head(str(tmp_path / "own"), hcfg, p2, target_cfg=tcfg, vocab_ids=vocab)
+    path2 = lm_checkpoint.save_head(str(tmp_path / "own"), hcfg, p2, target_cfg=tcfg, vocab_ids=vocab)
     with pytest.raises(ValueError, match="own LM head differ"):
         pipeline.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
                              target.serving(), vocab)
@@ -453,7 +453,7 @@ def test_shipped_draft_is_small_and_matches_the_default_target():
         pytest.skip("no shipped draft in this checkout")
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     assert size <= 25 * 2**20
-    cfg, params, vocab_ids, meta = store.load_head(path)
+    cfg, params, vocab_ids, meta = lm_checkpoint.load_head(path)
     target = LMConfig.from_json(meta["config"]["target"])
     assert (target.d_model, target.vocab_size, target.n_layers) == (576, 49152, 30)  # SmolLM2-135M
     assert cfg.n_layers == 1 and cfg.d_model == 576 and sum(x.size for x in jax.tree.leaves(params)) > 1_000_000

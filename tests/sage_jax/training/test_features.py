@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sage_jax.engine import Engine, load_engine
-from sage_jax.io import store
+from sage_jax.io import lm_checkpoint
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.training import data, features, pipeline, train
@@ -200,9 +200,10 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     # a point of the acceptance-vs-training curve: the last training checkpoint, exported on its own
     path = pipeline.export_head(c, str(tmp_path), None, log=print)
     assert path.endswith("eagle_head_step40")
-    _, exported, ids, meta = store.load_head(path)
-    _, final, ids_final, _ = store.load_head(e["path"])
-    assert store.head_taps(meta) == (0, 1) and np.array_equal(ids, ids_final) and meta["provenance"]["step"] == 40
+    _, exported, ids, meta = lm_checkpoint.load_head(path)
+    _, final, ids_final, _ = lm_checkpoint.load_head(e["path"])
+    assert lm_checkpoint.head_taps(meta) == (0, 1) and np.array_equal(ids, ids_final)
+    assert meta["provenance"]["step"] == 40
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), exported, final)
     with pytest.raises(ValueError, match="no training checkpoint 7"):
         pipeline.export_head(c, str(tmp_path), 7)

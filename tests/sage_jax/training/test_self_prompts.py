@@ -70,18 +70,18 @@ def test_self_prompts_filter_dedupe_and_resume(smollm2, tmp_path):
     texts[6] = texts[5]  # a repeat within a batch
     path = str(tmp_path / "prompts.jsonl")
     eng = _FakeEngine(tok, eos, texts)  # every batch's first row runs past the limit (no EOS)
-    got = build_datastore.self_prompts(eng, path, 6, batch=4, temperature=0.8, progress=False)
+    got = self_prompts.sample(eng, path, 6, batch=4, temperature=0.8, progress=False)
     assert eng.seeds == [0, 1, 2] and len(set(got)) == 6
     assert got[:2] == ["to plan a garden with 1 kinds of tomatoes", "to plan a garden with 3 kinds of tomatoes"]
     assert got[2:4] == [f"{self_prompts.STARTERS[1]} to plan a garden with {k} kinds of tomatoes" for k in (5, 7)]
     assert got[4].startswith(self_prompts.STARTERS[2] + " to plan")
     eng2 = _FakeEngine(tok, eos, texts)
-    assert build_datastore.self_prompts(eng2, path, 6, batch=4, temperature=0.8, progress=False) == got
+    assert self_prompts.sample(eng2, path, 6, batch=4, temperature=0.8, progress=False) == got
     assert eng2.seeds == []  # nothing sampled again
-    more = build_datastore.self_prompts(eng2, path, 8, batch=4, temperature=0.8, progress=False)
+    more = self_prompts.sample(eng2, path, 8, batch=4, temperature=0.8, progress=False)
     assert more[:6] == got and len(more) == 8 and eng2.seeds == [3]  # the file held 7: one batch more
     eng3 = _FakeEngine(tok, eos, texts)  # a deadline already past: what the file holds, nothing sampled
-    held = build_datastore.self_prompts(eng3, path, 40, batch=4, temperature=0.8, progress=False, deadline=0.0)
+    held = self_prompts.sample(eng3, path, 40, batch=4, temperature=0.8, progress=False, deadline=0.0)
     assert eng3.seeds == [] and held[:8] == more and 8 <= len(held) < 40
 
 

@@ -65,7 +65,7 @@ def test_tokenizer_renames_only_the_placeholder(text_tokenizer, tok):
 def test_fast_pixels_equal_the_image_processor(tmp_path):
     from PIL import Image
 
-    from sage_jax.models.vision_lm import _image_processor
+    from sage_jax.io.vision_lm import _image_processor
 
     images = vlm_data.fashion("test").pixels[vlm_data.heldout_indices(5)]
     ip = _image_processor(vlm_model.write_processor(tmp_path))
@@ -83,7 +83,7 @@ def test_heldout_images_are_the_test_split_only():
 # --------------------------------------------------------------------- stages on a tiny language model
 
 
-def _tiny_parts(tok) -> vlm_train.Parts:
+def _tiny_parts(tok) -> vlm_model.Parts:
     """A 2-layer random LM of SmolLM2's vocabulary, and images whose class is a random 7x7 pattern repeated over
     the 4x4 patches (so that a random tower's patch features already tell the classes apart linearly)."""
     text = LMConfig(vocab_size=49152, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128,
@@ -102,7 +102,7 @@ def _tiny_parts(tok) -> vlm_train.Parts:
 
     data = {"fashion": images("fashion", 10, 64), "digits": images("digits", 10, 32),
             "photos": images("photos", len(vlm_data.PHOTOS), 16)}
-    return vlm_train.Parts(cfg=vlm_model.config(text, vision), lm_params=decoder.params(),
+    return vlm_model.Parts(cfg=vlm_model.config(text, vision), lm_params=decoder.params(),
                            lm_serving=decoder.serving(), tokenizer=tok, data=data)
 
 
@@ -130,7 +130,7 @@ def test_warm_start_aims_each_image_at_its_class_word(tok):
 def test_align_batch_scores_exactly_the_answer(tok):
     parts = _tiny_parts(tok)
     c = _recipe(parts)
-    prompts = vlm_train.Prompts(parts.cfg, tok)
+    prompts = vlm_model.Prompts(parts.cfg, tok)
     b = vlm_train.align_batch(c, parts.data, prompts, step=3, batch_size=2)
     assert prompts.n_visual == 36 and (b["tokens"] == vlm_model.IMAGE_TOKEN_ID).sum(axis=1).tolist() == [36, 36]
     for row in range(2):
@@ -145,7 +145,7 @@ def test_align_batch_scores_exactly_the_answer(tok):
 def test_stages_resume_bit_for_bit(tok, tmp_path):
     parts = _tiny_parts(tok)
     c = _recipe(parts)
-    prompts = vlm_train.Prompts(parts.cfg, tok)
+    prompts = vlm_model.Prompts(parts.cfg, tok)
     cfg = parts.cfg
     p0 = vlm_train.init_params(cfg, 0)
 

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from configs import checkpoint, sharding
-from sage_jax.io import architectures, hf
+from sage_jax.io import architectures, hf, lm_checkpoint
 from sage_jax.io.architectures import Architecture
 
 VLM_KIND = "vlm"
@@ -159,7 +159,6 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     the model's size. Returns the checkpoint's path."""
     from tqdm.auto import tqdm
 
-    from sage_jax.io import store
 
     src = os.path.abspath(os.fspath(src))
     if not hf.is_hf_dir(src):
@@ -170,7 +169,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     if arch.is_vlm:
         config, kind = {"architecture": arch.name, "model": cfg.to_json()}, VLM_KIND
     else:
-        config, kind = cfg, store.KIND
+        config, kind = cfg, lm_checkpoint.KIND
     params = _parameters(arch, cfg, src)
     if progress:
         n = len(arch.plan(cfg, list(hf.tensor_index(src))))
@@ -189,7 +188,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
         path = writer.commit(config=config, kind=kind, provenance=provenance)
     tok = hf.read_tokenizer(src)
     if tok is not None:
-        tok.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+        tok.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     _copy_processor_files(src, path)
     return path
 
@@ -197,7 +196,6 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
 def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: dict | None = None) -> str:
     """An in-memory `VisionLM` (trained or built here) -> our checkpoint, with its tokenizer and its processor
     directory's files. Returns the checkpoint's path."""
-    from sage_jax.io import store
 
     arch = architectures.named(model.architecture)
     params = hf.flatten(nnx.to_pure_dict(nnx.state(model.module, nnx.Param)))
@@ -207,7 +205,7 @@ def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: 
         path = writer.commit(config={"architecture": arch.name, "model": model.config.to_json()}, kind=VLM_KIND,
                              provenance=provenance or {"source": model.source or "in memory"})
     if model.tokenizer is not None:
-        model.tokenizer.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+        model.tokenizer.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     if model.processor_dir is not None:
         _copy_processor_files(model.processor_dir, path)
     return path
@@ -223,7 +221,6 @@ def save_adapter(out: str | os.PathLike, cfg, params: dict, tokenizer, processor
     of everything but its language model (tower, projector, image_newline; megabytes, not the LM's 540), marked
     `"language_model": "default"`: `load_checkpoint` takes the LM from the default target, checked against
     `cfg.text`. Returns the checkpoint's path."""
-    from sage_jax.io import store
 
     if "lm" in params:
         raise ValueError("save_adapter stores no language model; drop params['lm']")
@@ -232,7 +229,7 @@ def save_adapter(out: str | os.PathLike, cfg, params: dict, tokenizer, processor
             writer.put(name, np.asarray(jax.device_get(value)))
         path = writer.commit(config={"architecture": "llava_onevision", "model": cfg.to_json(),
                                      "language_model": DEFAULT_LM}, kind=VLM_KIND, provenance=provenance or {})
-    tokenizer.save_pretrained(os.path.join(path, store.TOKENIZER_DIR))
+    tokenizer.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     _copy_processor_files(processor_dir, path)
     return path
 
@@ -246,23 +243,28 @@ def read_config(path: str | os.PathLike) -> tuple[Architecture, Any]:
     return arch, arch.config_from_json(meta["config"]["model"])
 
 
-def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=None):
-    """Our VLM checkpoint -> (family, config, module), restored straight onto `mesh` when given."""
+def uses_default_lm(path: str | os.PathLike) -> bool:
+    """Whether our VLM checkpoint holds only its own parameters around the shipped default target (`save_adapter`)."""
+    return checkpoint.read_metadata(path)["config"].get("language_model") == DEFAULT_LM
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, language_model=None):
+    """Our VLM checkpoint -> (family, config, module), restored straight onto `mesh` when given. `language_model`:
+    (config, `Decoder`) of the default target, which completes a `save_adapter` checkpoint (`uses_default_lm`;
+    `sage_jax.io.loader.load_vlm_checkpoint` passes it)."""
     arch, cfg = read_config(path)
     cfg = with_dtype(arch, cfg, dtype)
-    from sage_jax.io import store
+    if uses_default_lm(path):
+        if language_model is None:
+            raise checkpoint.CheckpointError(f"{os.fspath(path)} holds its own parameters around the default target; "
+                                             f"load it with sage_jax.load")
+        return arch, cfg, _with_default_lm(path, arch, cfg, mesh, *language_model)
+    return arch, cfg, lm_checkpoint.restore_module(path, *abstract(arch, cfg), mesh)
 
-    if checkpoint.read_metadata(path)["config"].get("language_model") == DEFAULT_LM:
-        return arch, cfg, _with_default_lm(path, arch, cfg, mesh)
-    return arch, cfg, store.restore_module(path, *abstract(arch, cfg), mesh)
 
-
-def _with_default_lm(path, arch: Architecture, cfg, mesh):
-    """The module of a `save_adapter` checkpoint: its own parameters restored, the language model's loaded from
-    the shipped default target (which must be the LM the checkpoint was trained around)."""
-    from sage_jax.io import loader
-
-    text_cfg, decoder, _ = loader.load_lm(loader.default_target(), dtype=cfg.text.param_dtype, mesh=mesh)
+def _with_default_lm(path, arch: Architecture, cfg, mesh, text_cfg, decoder):
+    """The module of a `save_adapter` checkpoint: its own parameters restored, the language model's from `decoder`
+    (the default target, which must be the LM the checkpoint was trained around)."""
     want = {k: v for k, v in cfg.text.to_json().items() if k not in ("param_dtype", "dtype")}
     have = {k: v for k, v in text_cfg.to_json().items() if k not in ("param_dtype", "dtype")}
     if want != have:

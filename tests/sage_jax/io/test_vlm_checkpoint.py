@@ -15,7 +15,7 @@ import pytest
 import sage_jax
 from sage_jax import convert
 from sage_jax.bench import tiny_vlm
-from sage_jax.models.vision_lm import VisionLM
+from sage_jax.io.vision_lm import VisionLM
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -195,13 +195,13 @@ def test_conversion_streams_one_parameter_at_a_time(tmp_path):
     assert len(shards) >= 5 and total > 4 * largest
     script = textwrap.dedent(f"""
         import json, threading, time
-        from sage_jax.io import vlm_store
+        from sage_jax.io import vlm_checkpoint
 
         def rss():
             with open("/proc/self/status") as f:
                 return {{l.split(":")[0]: int(l.split()[1]) * 1024 for l in f if l.startswith(("VmRSS", "VmHWM"))}}
 
-        vlm_store.convert_hf({str(small)!r}, {str(tmp_path / "small_out")!r})  # imports, Orbax, first compiles
+        vlm_checkpoint.convert_hf({str(small)!r}, {str(tmp_path / "small_out")!r})  # imports, Orbax, first compiles
         base = rss()["VmRSS"]
         peak = [base]
         stop = threading.Event()
@@ -219,7 +219,7 @@ def test_conversion_streams_one_parameter_at_a_time(tmp_path):
             reset = True
         except OSError:
             reset = False
-        vlm_store.convert_hf({str(big)!r}, {str(tmp_path / "big_out")!r})
+        vlm_checkpoint.convert_hf({str(big)!r}, {str(tmp_path / "big_out")!r})
         stop.set()
         t.join()
         if reset:

@@ -15,9 +15,9 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from pgla_jax.attacks import matching
-from pgla_jax.attacks.dlg import Recovery
 from pgla_jax.config import AttackConfig
+from pgla_jax.inversion import matching
+from pgla_jax.inversion.dlg import Recovery
 
 Params = PyTree[Float[Array, "..."]]
 

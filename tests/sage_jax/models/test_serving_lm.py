@@ -1,5 +1,5 @@
-"""The serving form (`sage_jax.models.lm`): feature-major layers give the canonical decoder's outputs, on one device
-and sharded over a data × fsdp × model mesh."""
+"""The serving form (`sage_jax.models.serving_lm`): feature-major layers give the canonical decoder's outputs, on one
+device and sharded over a data × fsdp × model mesh."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import sharding
-from sage_jax.models import lm
+from sage_jax.models import serving_lm
 
 
 def _inputs(cfg, b=4, t=6, capacity=16):
@@ -22,12 +22,12 @@ def test_serving_layer_is_the_transposed_fused_layer_and_idempotent(tiny_lm):
     model = tiny_lm(0, qkv_bias=True)
     cfg = model.cfg
     p = {k: v[...][0] for k, v in vars(model.blocks).items() if hasattr(v, "get_metadata")}
-    fused = lm.fuse_layer(cfg, p)
-    serve = lm.serving_layer(fused)
+    fused = serving_lm.fuse_layer(cfg, p)
+    serve = serving_lm.serving_layer(fused)
     assert set(serve) == {"attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down", "bqkv"}
     for a, b in (("wqkv", "qkv"), ("wo", "o"), ("w_gate_up", "gate_up"), ("w_down", "down")):
         np.testing.assert_array_equal(np.asarray(fused[a]).T, np.asarray(serve[b]))
-    assert lm.serving_layer(serve) is serve
+    assert serving_lm.serving_layer(serve) is serve
 
 
 @pytest.mark.parametrize("kind", ["inference", "train"])
@@ -101,7 +101,7 @@ def test_forward_without_write_sees_the_same_and_returns_the_rows_it_would_write
 def test_placed_model_serves_tensor_parallel_with_two_all_reduces_a_layer(devices, rel_err, heads, kv_heads,
                                                                           model_axis, groups):
     """On a mesh, `Decoder.serving` lays the fused qkv / gate|up rows out in one group per `model` shard
-    (`lm.Groups`): every device then holds whole heads and matching gate / up rows, and a layer's forward
+    (`serving_lm.Groups`): every device then holds whole heads and matching gate / up rows, and a layer's forward
     communicates only through its two all-reduces (after the output projection and after the MLP). Where the kv
     heads are not cut like the query heads (2 kv heads on 4 shards) or the query heads are not cut at all (6 on 4),
     the fused qkv stays whole on every device. Either way the output is the unplaced model's."""

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pgla_jax import data, fl, metrics, protections
-from pgla_jax.attacks import dlg, ig, matching
 from pgla_jax.config import AttackConfig, ProtectionConfig, VictimConfig
+from pgla_jax.inversion import dlg, ig, matching
 from pgla_jax.models import split_victim
 from tests.pgla_jax.conftest import FASHION
 

@@ -16,8 +16,8 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from pgla_jax.attacks import matching
 from pgla_jax.config import AttackConfig
+from pgla_jax.inversion import matching
 
 Params = PyTree[Float[Array, "..."]]
 

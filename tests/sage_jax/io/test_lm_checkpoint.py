@@ -12,7 +12,7 @@ from flax import nnx
 
 from configs import sharding
 from sage_jax import convert
-from sage_jax.io import hf, load_lm, loader, save_lm, store
+from sage_jax.io import hf, lm_checkpoint, load_lm, loader, save_lm
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 
@@ -39,7 +39,7 @@ def test_checkpoint_round_trip_is_exact(ckpt):
     cfg, model, tok = load_lm(ckpt)
     assert cfg == CFG and tok is None
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), _pure(model), _params())
-    meta = store.checkpoint.read_metadata(ckpt)
+    meta = lm_checkpoint.checkpoint.read_metadata(ckpt)
     assert meta["kind"] == "lm" and meta["provenance"]["source"] == "test"
 
 
@@ -54,7 +54,7 @@ def test_checkpoint_restores_onto_a_mesh(ckpt, devices, n_devices, model_axis):
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), _pure(model), _params())
     with sharding.use(mesh):
         sharded = nnx.jit(lambda m, x: m(x)[0])(model, TOKENS)
-    plain = store.build(CFG, _params())(TOKENS)[0]
+    plain = lm_checkpoint.build(CFG, _params())(TOKENS)[0]
     np.testing.assert_allclose(np.asarray(sharded), np.asarray(plain), rtol=1e-5, atol=1e-5)
 
 
@@ -64,7 +64,7 @@ def test_bfloat16_and_mismatched_params(ckpt):
     with pytest.raises(ValueError, match="unsupported dtype"):
         load_lm(ckpt, dtype="float16")
     with pytest.raises(ValueError, match="does not fit the config"):
-        store.build(CFG.replace(mlp_dim=32), _params())
+        lm_checkpoint.build(CFG.replace(mlp_dim=32), _params())
 
 
 def test_load_lm_rejects_missing_and_unknown_paths(tmp_path):

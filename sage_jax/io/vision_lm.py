@@ -58,7 +58,7 @@ class VisionLM:
         return getattr(self.config, "video_token_id", None) is not None
 
     def serving(self):
-        """The language model's serving form (`sage_jax.models.lm.LM`, built once): what `Engine` decodes with,
+        """The language model's serving form (`sage_jax.models.serving_lm.LM`, built once): what `Engine` decodes with,
         fed the embeddings `embed` returns."""
         if self._serving is None:
             self._serving = self.module.lm.serving()
@@ -87,7 +87,7 @@ class VisionLM:
         `prompt`: a user message (chat-templated with one image / video placeholder per item, images first) or a
         list of chat messages in the transformers format; `images`: PIL images or paths; `videos`: frame arrays
         [F, H, W, 3] uint8 or paths (`sage_jax.io.images.load_frames`)."""
-        from sage_jax.models import vlm_inputs
+        from sage_jax.io import vlm_inputs
 
         if self.tokenizer is None or self.image_processor is None:
             raise ValueError(f"{self.source or 'this model'} has no tokenizer or preprocessor_config.json; build "
