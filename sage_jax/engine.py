@@ -153,7 +153,7 @@ class Engine:
         step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
         so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
       matmul: how the models' layers multiply by their weights (`LMConfig.matmul`): "auto" (on CPU, a decode or
-        verify step's few float32 rows through `pallas_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
+        verify step's few float32 rows through `cpu_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
       datastore: the target's own answers as n-gram continuations (`decoding/datastore.py`), for policies with
         `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """

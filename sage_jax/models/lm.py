@@ -24,7 +24,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import map_shards, shard
-from pallas_kernels import skinny_matmul
+from cpu_kernels import skinny_matmul
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, NewKV, write_rows

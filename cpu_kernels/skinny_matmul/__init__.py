@@ -1,6 +1,6 @@
 """Skinny matmul: a weight [E, D] times a few activation columns, the matmul of every decode and verify step.
 
-    from pallas_kernels.skinny_matmul import skinny_matmul
+    from cpu_kernels.skinny_matmul import skinny_matmul
     y = skinny_matmul(w, x)                           # w [E, D] ([out, in]), x [D, M] -> y [E, M]
     logits = skinny_matmul(embed, h, x_tokens_major=True, y_tokens_major=True)   # h [M, D] -> [M, V]
 
@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pallas_kernels.skinny_matmul import build
-from pallas_kernels.skinny_matmul.reference import check_inputs, skinny_matmul_reference
+from cpu_kernels.skinny_matmul import build
+from cpu_kernels.skinny_matmul.reference import check_inputs, skinny_matmul_reference
 
 __all__ = ["MAX_COLUMNS", "kernel_usable", "skinny_matmul", "skinny_matmul_reference"]
 

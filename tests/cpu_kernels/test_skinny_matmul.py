@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import sharding
-from pallas_kernels import skinny_matmul as sm
-from pallas_kernels.skinny_matmul import build
+from cpu_kernels import skinny_matmul as sm
+from cpu_kernels.skinny_matmul import build
 
 pytestmark = pytest.mark.skipif(not build.register(), reason=f"kernel unavailable: {build.reason()}")
 
@@ -112,8 +112,8 @@ def test_bad_input():
 
 _FALLBACK = """
 import warnings, numpy as np, jax.numpy as jnp
-from pallas_kernels import skinny_matmul as sm
-from pallas_kernels.skinny_matmul import build
+from cpu_kernels import skinny_matmul as sm
+from cpu_kernels.skinny_matmul import build
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     ok = build.register()
