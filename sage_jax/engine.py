@@ -34,6 +34,7 @@ from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
 from sage_jax.io import loader, store
+from sage_jax.models import lm
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.eagle_head import EagleWeights
@@ -178,6 +179,7 @@ class Engine:
         self.target = target
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
+        lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer

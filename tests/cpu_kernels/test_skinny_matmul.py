@@ -16,7 +16,7 @@ from configs import sharding
 from cpu_kernels import skinny_matmul as sm
 from cpu_kernels.skinny_matmul import build
 
-pytestmark = pytest.mark.skipif(not build.register(), reason=f"kernel unavailable: {build.reason()}")
+pytestmark = pytest.mark.skipif(not build.prepare(), reason=f"kernel unavailable: {build.reason()}")
 
 
 def _operands(e: int, d: int, m: int, x_tokens_major: bool, seed: int = 0):
@@ -116,7 +116,7 @@ from cpu_kernels import skinny_matmul as sm
 from cpu_kernels.skinny_matmul import build
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    ok = build.register()
+    ok = build.prepare()
 w, x = np.ones((4, 8), np.float32), np.ones((8, 2), np.float32)
 assert not sm.kernel_usable(w, x)
 np.testing.assert_array_equal(np.asarray(sm.skinny_matmul(w, x)), np.full((4, 2), 8.0))

@@ -145,7 +145,7 @@ def test_decode_steps_take_the_skinny_kernel_where_it_runs_and_agree_with_xla(ti
     (cpu_kernels/skinny_matmul), a prefill-sized one and `matmul="xla"` XLA's dot; the outputs agree."""
     from cpu_kernels.skinny_matmul import build
 
-    if not build.register():
+    if not build.prepare():
         pytest.skip(f"kernel unavailable: {build.reason()}")
     for serve in (tiny_lm(3).serving(), tiny_lm(3, tie_embeddings=True).serving()):
         _check_kernel_use(serve, build.TARGET)
