@@ -35,6 +35,7 @@ from sage_jax.decoding.policies import TreePolicy
 from sage_jax.decoding.sampling import SamplingConfig
 from sage_jax.io import lm_checkpoint, loader
 from sage_jax.io.vision_lm import VisionLM
+from sage_jax.models import serving_lm
 from sage_jax.models.causal_lm import CausalLM
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.eagle_head import EagleWeights
@@ -153,7 +154,7 @@ class Engine:
         step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
         so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
       matmul: how the models' layers multiply by their weights (`LMConfig.matmul`): "auto" (on CPU, a decode or
-        verify step's few float32 rows through `pallas_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
+        verify step's few float32 rows through `cpu_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
       datastore: the target's own answers as n-gram continuations (`decoding/datastore.py`), for policies with
         `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """
@@ -178,6 +179,7 @@ class Engine:
         self.target = target
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
+        serving_lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer

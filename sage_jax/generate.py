@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
     arg("--matmul", choices=("auto", "xla"), default="auto", help="the models' matmuls: auto (on CPU, the few rows "
-        "of a decode or verify step through the skinny kernel, pallas_kernels/skinny_matmul) or XLA's dot throughout")
+        "of a decode or verify step through the skinny kernel, cpu_kernels/skinny_matmul) or XLA's dot throughout")
     arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
         "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
         "one device")

@@ -12,7 +12,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 # System packages: Fashion-MNIST (PGLA surrogate data), the Python docs' reST sources and WordNet (draft-training
-# prompts), and a C++ compiler for the skinny CPU matmul kernel (pallas_kernels/skinny_matmul, built on first use).
+# prompts), and a C++ compiler for the skinny CPU matmul kernel (cpu_kernels/skinny_matmul, built on first use).
 if command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   need=()

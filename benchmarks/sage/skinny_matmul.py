@@ -1,4 +1,4 @@
-"""What the skinny CPU matmul kernel (`pallas_kernels/skinny_matmul`) does to the cost of a decode / verify step.
+"""What the skinny CPU matmul kernel (`cpu_kernels/skinny_matmul`) does to the cost of a decode / verify step.
 
 Two tables, each timed in interleaved rounds (median ms; the machine is shared, so read the ratios):
 
@@ -31,9 +31,11 @@ _LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
 def matmul_rows(rounds: int) -> list[float]:
-    from pallas_kernels.skinny_matmul import skinny_matmul
+    from cpu_kernels.skinny_matmul import prepare, skinny_matmul
     from sage_jax.decoding.budget import time_all
 
+    if not prepare():  # built and loaded before anything is traced
+        raise SystemExit("the skinny_matmul kernel is unavailable on this machine")
     rng = np.random.default_rng(0)
     ws = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02) for _ in range(30) for s in _LAYER]
     embed = jnp.asarray(rng.standard_normal((49152, 576), np.float32) * 0.02)

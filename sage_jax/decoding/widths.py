@@ -42,7 +42,7 @@ def draft_sizes(capacity: int, ratio: int = 4) -> tuple[int, ...]:
 def verify_sizes(tree_size: int, ratio: int = 4, retrieval: int = 0) -> tuple[int, ...]:
     """The target's verify widths for trees of `tree_size` slots (root included): `sizes(tree_size, 2, ratio)` and
     width 4 (with bucketing on): on CPU the skinny matmul kernel makes a 4-row verify cost about 1.1 one-row steps
-    against 1.5 for the 8-row bucket, so small trees need a bucket of their own (`pallas_kernels/skinny_matmul`). A
+    against 1.5 for the 8-row bucket, so small trees need a bucket of their own (`cpu_kernels/skinny_matmul`). A
     policy with retrieval chains of length L (`TreePolicy.retrieval`) also gets width 1 and the root + one whole
     chain rounded up to a multiple of 8. With node budget 0 only the chains are verified: a step whose chain is
     gated off or missing is then the root alone, which costs a plain decoding step at width 1 instead of 1.4-1.5

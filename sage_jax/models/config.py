@@ -46,7 +46,7 @@ class LMConfig:
         "pallas" (the tree-attention kernel of `pallas_kernels/tree_attention`, interpreted on CPU; head dims 64
         and 128). A choice of the run, not of the weights: checkpoints do not store it.
       matmul: how the serving layers multiply by their weights: "auto" (on CPU, the few float32 rows of a decode
-        or verify step go through `pallas_kernels.skinny_matmul`'s kernel, everything else through XLA's dot) or
+        or verify step go through `cpu_kernels.skinny_matmul`'s kernel, everything else through XLA's dot) or
         "xla" (always XLA's dot). A choice of the run, not stored either.
     """
 

@@ -125,7 +125,9 @@ class Decoder(nnx.Module):
         return nnx.to_pure_dict(nnx.state(self, nnx.Param))
 
     def serving(self) -> serving_lm.LM:
-        """This model in serving form (per-layer, fused weights): the form the decoding loops run."""
+        """This model in serving form (per-layer, fused weights): the form the decoding loops run. With
+        `matmul="auto"` on CPU the skinny kernel is built and loaded here, before any forward is traced."""
+        serving_lm.prepare_matmul(self.cfg)
         params = self.params()
         groups, shardings = serving_lm.serving_layout(self.cfg, params)  # on a mesh: laid out and cut for its shards
         build = jax.jit(serving_lm.serving_params, static_argnums=(0, 2), out_shardings=shardings)

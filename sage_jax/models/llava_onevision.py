@@ -190,6 +190,7 @@ class LlavaOnevision(nnx.Module):
         padding), pixel_values [N, tiles, 3, S, S] (or [sum of tiles, 3, S, S]), image_sizes [N, 2] (h, w),
         pixel_values_videos [Nv, F, 3, S, S], batch_num_images. Logits at padding positions are unspecified."""
         b = prepare(self.cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos, kw)
+        serving_lm.prepare_matmul(self.cfg.text)
         return _logits(self.cfg, b.plan, self.params(), *b.arrays(), jnp.asarray(b.valid), jnp.asarray(b.positions))
 
     def generate(self, input_ids, attention_mask=None, pixel_values=None, image_sizes=None,
@@ -198,6 +199,7 @@ class LlavaOnevision(nnx.Module):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         b = prepare(self.cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos, kw)
+        serving_lm.prepare_matmul(self.cfg.text)
         out = generate_tokens(self.cfg, b.plan, max_new_tokens, self.params(), *b.arrays(), jnp.asarray(b.valid),
                         jnp.asarray(b.positions))
         return np.asarray(out)

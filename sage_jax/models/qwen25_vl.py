@@ -224,6 +224,7 @@ class Qwen25VL(nnx.Module):
         """Float32 logits [B, T, V] of every position (those at padding are unspecified)."""
         x = self._prepare(input_ids, attention_mask, pixel_values, image_grid_thw, pixel_values_videos,
                           video_grid_thw, second_per_grid_ts, unexpected)
+        serving_lm.prepare_matmul(self.cfg.text)
         return _logits(self.cfg, self.params(), x["ids"], x["pixels"], x["lay"], x["src"], x["positions"],
                        x["valid"])
 
@@ -235,6 +236,7 @@ class Qwen25VL(nnx.Module):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         x = self._prepare(input_ids, attention_mask, pixel_values, image_grid_thw, pixel_values_videos,
                           video_grid_thw, second_per_grid_ts, unexpected)
+        serving_lm.prepare_matmul(self.cfg.text)
         out = _generate(self.cfg, self.params(), x["ids"], x["pixels"], x["lay"], x["src"], x["positions"],
                         x["valid"], x["deltas"], int(max_new_tokens))
         return np.asarray(out)

@@ -24,7 +24,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from configs.sharding import map_shards, shard
-from pallas_kernels import skinny_matmul
+from cpu_kernels import skinny_matmul
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
 from sage_jax.models.kv_cache import KVCache, NewKV, write_rows
@@ -93,9 +93,18 @@ def serving_layer(p: dict) -> dict:
     return out
 
 
+def prepare_matmul(cfg: LMConfig) -> None:
+    """Builds (once per machine) and loads the skinny CPU kernel now, where `cfg.matmul == "auto"` runs on CPU.
+    Call it eagerly where a serving model is set up (`Decoder.serving`, `Engine`): `project` and `head` take the
+    kernel only once it is ready, and never build it inside a trace. Idempotent."""
+    if cfg.matmul == "auto" and jax.default_backend() == "cpu":
+        skinny_matmul.prepare()
+
+
 def project(cfg: LMConfig, w: Float[Array, "E D"], x: Float[Array, "D M"]) -> Float[Array, "E M"]:
     """A serving weight [out, in] times feature-major activations: the skinny CPU kernel for the few float32
-    columns of a decode or verify step (`cfg.matmul == "auto"`; `skinny_matmul.kernel_usable`), else XLA's dot."""
+    columns of a decode or verify step (`cfg.matmul == "auto"`; `skinny_matmul.kernel_usable`: once
+    `prepare_matmul` has loaded it), else XLA's dot."""
     if cfg.matmul == "auto" and skinny_matmul.kernel_usable(w, x):
         return skinny_matmul.skinny_matmul(w, x, impl="kernel")
     return jnp.einsum("ED,DM->EM", w, x)

@@ -26,6 +26,7 @@ from sage_jax.models.llava_inputs import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Plan
 from sage_jax.models.llava_onevision import LlavaOnevisionConfig
 from sage_jax.models.siglip import SiglipConfig
 from sage_jax.training import vlm_data
+from sage_jax.training.vlm_recipe import VLMRecipe
 
 IMAGE_TOKEN_ID = 16
 IMAGE_TOKEN = "<image>"

@@ -74,7 +74,7 @@ def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.
     return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
 
 
-def align_batch(c: VLMRecipe, data, prompts: Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
+def align_batch(c: VLMRecipe, data, prompts: vlm_model.Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
     """Right-padded rows [prompt with visual tokens ; answer ; <|im_end|>], the answer's positions and targets."""
     rng = np.random.default_rng([c.seed, 2, step])
     picks = vlm_model.draw(c, data, rng, batch_size)

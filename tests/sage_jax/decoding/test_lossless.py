@@ -1,8 +1,12 @@
 """Speculative output == autoregressive output (greedy, fp32), for every policy, on tiny pairs and the real
-SmolLM2; and EOS / token limits inside an accepted path end the sequence exactly where AR ends it."""
+SmolLM2, under both matmul paths (on CPU "auto" runs a step's few rows through the skinny kernel, whose columns
+are bit-for-bit independent; "xla" is XLA's dot, what TPU and GPU run); and EOS / token limits inside an accepted
+path end the sequence exactly where AR ends it."""
 
+import jax
 import pytest
 
+from cpu_kernels.skinny_matmul import build
 from sage_jax.decoding.drafters import DraftSpec
 from sage_jax.decoding.policies import POLICIES, TreePolicy
 from sage_jax.engine import Engine
@@ -29,6 +33,18 @@ REAL_PROMPTS = [
 ]
 
 
+MATMULS = ("auto", "xla")
+
+
+def _engine(*args, matmul: str, **kw) -> Engine:
+    """An engine whose models multiply the `matmul` way; "auto" is skipped where the CPU kernel is unavailable
+    (it would be XLA's dot, the "xla" case)."""
+    engine = Engine(*args, matmul=matmul, **kw)
+    if matmul == "auto" and jax.default_backend() == "cpu" and not build.ready():
+        pytest.skip(f"the skinny kernel is unavailable ({build.reason()}): auto would be the xla case")
+    return engine
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_lm):
     # EOS = 7 ends some rows early; the draft is a different, smaller random model with the same vocabulary.
@@ -37,9 +53,12 @@ def tiny_pair(tiny_lm):
     return target, draft
 
 
-def test_tiny_batch_every_policy_matches_ar(tiny_pair):
+# A compile per policy (~2 min on 2 cores): XLA's dot takes every policy in the slow tier; in the default suite it
+# is checked by the tiny self-draft below and the real pair with its shipped head.
+@pytest.mark.parametrize("matmul", ["auto", pytest.param("xla", marks=pytest.mark.slow)])
+def test_tiny_batch_every_policy_matches_ar(tiny_pair, matmul):
     target, draft = tiny_pair
-    engine = Engine(target, draft)
+    engine = _engine(target, draft, matmul=matmul)
     prompts = [[3, 4, 5, 6, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
     ref = engine.generate(prompts, policy="ar", max_new_tokens=40)
     lengths = [len(t) for t in ref.token_ids]
@@ -50,9 +69,10 @@ def test_tiny_batch_every_policy_matches_ar(tiny_pair):
         assert got.stats.steps < ref.stats.steps or name == "chain", (name, got.stats.steps)
 
 
-def test_tiny_self_draft_and_token_limit(tiny_pair):
+@pytest.mark.parametrize("matmul", MATMULS)
+def test_tiny_self_draft_and_token_limit(tiny_pair, matmul):
     target, _ = tiny_pair
-    engine = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=2))
+    engine = _engine(target, draft_spec=DraftSpec(kind="self", n_layers=2), matmul=matmul)
     for limit in (1, 6, 16):  # one new-token bucket: no extra compiles
         ref = engine.generate([[3, 4, 5]], policy="ar", max_new_tokens=limit)
         got = engine.generate([[3, 4, 5]], policy="sage", max_new_tokens=limit)
@@ -63,17 +83,30 @@ def test_tiny_self_draft_and_token_limit(tiny_pair):
 # A compile per policy: 3–9 min on 2 CPU cores. In the default suite the real model is checked with its shipped
 # EAGLE head and SAGE (tests/sage_jax/test_api.py) and through the README's main command (test_generate.py).
 @pytest.mark.slow
-def test_real_smollm2_every_policy_matches_ar(smollm2):
+@pytest.mark.parametrize("matmul", MATMULS)
+def test_real_smollm2_every_policy_matches_ar(smollm2, matmul):
     _, model, tok, _ = smollm2
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                            tokenize=False), add_special_tokens=False)["input_ids"]
                for p in REAL_PROMPTS]
-    engine = Engine(model, draft_spec=DraftSpec(kind="self", n_layers=20))
+    engine = _engine(model, draft_spec=DraftSpec(kind="self", n_layers=20), matmul=matmul)
     refs = [engine.generate([p], policy="ar", max_new_tokens=10).token_ids for p in prompts]
     assert any("Paris" in tok.decode(r[0]) for r in refs)
     for name, policy in REAL_POLICIES.items():
         for p, r in zip(prompts, refs, strict=True):
             assert engine.generate([p], policy=policy, max_new_tokens=10).token_ids == r, (name, tok.decode(p))
+
+
+def test_real_smollm2_sage_with_the_shipped_head_matches_ar_on_xlas_dot(smollm2_path):
+    """The README's pair with `--matmul xla`: every verify runs XLA's dot, as on TPU and GPU (the default suite
+    checks "auto" through the README's main command and the API tests)."""
+    from sage_jax.engine import load_engine
+
+    engine = load_engine(matmul="xla")
+    assert engine.target_lm.cfg.matmul == "xla"
+    prompts = [engine.encode(REAL_PROMPTS[0])]
+    ref = engine.generate(prompts, policy="ar", max_new_tokens=12)
+    assert engine.generate(prompts, policy="sage", max_new_tokens=12).token_ids == ref.token_ids
 
 
 # ******** --attention pallas: the decoding loops through the tree-attention kernel (interpreted on CPU). ********

@@ -142,10 +142,10 @@ def test_placed_model_serves_tensor_parallel_with_two_all_reduces_a_layer(device
 
 def test_decode_steps_take_the_skinny_kernel_where_it_runs_and_agree_with_xla(tiny_lm):
     """`LMConfig.matmul="auto"`: a few-token cache-reading forward and its LM head run the skinny CPU kernel
-    (pallas_kernels/skinny_matmul), a prefill-sized one and `matmul="xla"` XLA's dot; the outputs agree."""
-    from pallas_kernels.skinny_matmul import build
+    (cpu_kernels/skinny_matmul), a prefill-sized one and `matmul="xla"` XLA's dot; the outputs agree."""
+    from cpu_kernels.skinny_matmul import build
 
-    if not build.register():
+    if not build.prepare():
         pytest.skip(f"kernel unavailable: {build.reason()}")
     for serve in (tiny_lm(3).serving(), tiny_lm(3, tie_embeddings=True).serving()):
         _check_kernel_use(serve, build.TARGET)
@@ -171,7 +171,7 @@ def _check_kernel_use(serve, target):
         xla, text = run(serve.with_matmul("xla"), t)
         assert target not in text
         np.testing.assert_allclose(auto, xla, rtol=1e-5, atol=1e-4)
-    from pallas_kernels.skinny_matmul import MAX_COLUMNS
+    from cpu_kernels.skinny_matmul import MAX_COLUMNS
 
     _, text = run(serve, MAX_COLUMNS + 1)  # past `MAX_COLUMNS`: XLA's GEMM
     assert target not in text

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from configs import sharding
-from pallas_kernels import skinny_matmul as sm
-from pallas_kernels.skinny_matmul import build
+from cpu_kernels import skinny_matmul as sm
+from cpu_kernels.skinny_matmul import build
 
-pytestmark = pytest.mark.skipif(not build.register(), reason=f"kernel unavailable: {build.reason()}")
+pytestmark = pytest.mark.skipif(not build.prepare(), reason=f"kernel unavailable: {build.reason()}")
 
 
 def _operands(e: int, d: int, m: int, x_tokens_major: bool, seed: int = 0):
@@ -112,11 +112,11 @@ def test_bad_input():
 
 _FALLBACK = """
 import warnings, numpy as np, jax.numpy as jnp
-from pallas_kernels import skinny_matmul as sm
-from pallas_kernels.skinny_matmul import build
+from cpu_kernels import skinny_matmul as sm
+from cpu_kernels.skinny_matmul import build
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    ok = build.register()
+    ok = build.prepare()
 w, x = np.ones((4, 8), np.float32), np.ones((8, 2), np.float32)
 assert not sm.kernel_usable(w, x)
 np.testing.assert_array_equal(np.asarray(sm.skinny_matmul(w, x)), np.full((4, 2), 8.0))
