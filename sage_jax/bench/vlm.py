@@ -36,7 +36,12 @@ POLICIES = ("chain", "static", "eagle2", "sage")
 def default_images() -> list:
     """scikit-image's sample photos (they ship with the package, no download)."""
     from PIL import Image
-    from skimage import data
+
+    try:
+        from skimage import data
+    except ModuleNotFoundError:
+        raise cli.BadInput("without --image or --video the prompts ask about scikit-image's sample photos: "
+                           "pip install -e '.[vlm-train]', or give --image") from None
 
     return [Image.fromarray(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket")]
 
