@@ -1,5 +1,6 @@
 """`python -m pgla_jax.attack`: protect FL gradients, denoise them, invert them; print a Markdown table or JSON and
-save PNG grids of the recovered images (OUT/results.md and OUT/results.json too).
+save PNG grids of the recovered images (OUT/results.md and OUT/results.json too, each with what produced it: the
+commit, the command line, the denoiser checkpoints' sha256, the CPU and jax; `configs.provenance`).
 
 `--denoiser CKPT` is a diffusion checkpoint (or a Gaussian prior alone) from `python -m pgla_jax.train_denoiser`
 (default: the one shipped for the victim, for the 28×28 and the 32×32×3 DLG LeNet; `none`: classical baselines
@@ -126,6 +127,18 @@ def denoiser_path(spec: str, victim) -> str | None:
     return spec
 
 
+def checkpoints(ckpt: str | None) -> dict[str, str | None]:
+    """The checkpoints a run reads, for its provenance: the denoiser and, beside a U-Net, its DnCNN and Gaussian
+    prior (`denoisers.load`)."""
+    out: dict[str, str | None] = {"denoiser": ckpt}
+    if ckpt is not None:
+        for name in ("dncnn", "prior"):
+            sibling = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
+            if os.path.isdir(sibling) and sibling != os.path.abspath(ckpt):
+                out[name] = sibling
+    return out
+
+
 def markdown(rows, clean) -> str:
     """The results as a Markdown table (image metrics with data range 1; '–' where a denoiser was not attacked)."""
     cols = ("noise", "calibration", "epsilon", "noise_std", "denoiser", "t_star", "grad_cosine", "grad_psnr",
@@ -167,6 +180,7 @@ def _main(argv) -> int:
     # Heavy imports after the argument checks, so bad input fails fast.
     from tqdm import tqdm
 
+    from configs import provenance
     from pgla_jax import data, experiment
     from pgla_jax.codec import make_codec
     from pgla_jax.denoise import denoisers as den
@@ -193,11 +207,12 @@ def _main(argv) -> int:
         experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
                                title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "
                                      f"{c} calibration")
+    record = provenance.record("python -m pgla_jax.attack", argv, checkpoints(ckpt))
     result = {"results": outcome.rows, "clean": outcome.clean, "figure": figures[0], "figures": figures,
-              "denoiser_checkpoint": dens.path}
+              "denoiser_checkpoint": dens.path, "provenance": record}
     table = markdown(outcome.rows, outcome.clean)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(table + "\n")
+        f.write(provenance.markdown(record) + "\n\n" + table + "\n")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     if args.json:

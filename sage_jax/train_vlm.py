@@ -9,6 +9,7 @@ WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line `error: ...` on s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -26,6 +27,11 @@ def _main(argv: list[str] | None) -> int:
                    help="held-out Fashion-MNIST test images answered at the end (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    missing = [name for name, mod in (("scikit-learn", "sklearn"), ("scikit-image", "skimage"))
+               if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise cli.BadInput(f"training the home VLM reads {' and '.join(missing)} (digits, photos): "
+                           "pip install -e '.[vlm-train]'")
     from sage_jax.training.vlm_recipe import VLMRecipe
 
     recipe = cli.load_config(args.config, "configs.sage", VLMRecipe)

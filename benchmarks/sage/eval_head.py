@@ -8,13 +8,16 @@ probability, the formal statement), `no-history` (no D_max hysteresis), `cumulat
 
 HEAD: a head checkpoint directory (its datastore.npz lends the datastore chain) or "shipped". `held`: the 24
 held-out `EVAL_PROMPTS` (never in training data); `bench`: the bench's 32 chat prompts, on which heads are chosen.
+OUT.json records what produced it (commit, command line, the head's sha256, CPU, jax: `configs.provenance`).
 """
 
 import json
 import sys
 
+from configs import provenance
 from sage_jax.bench.acceptance import evaluate
 from sage_jax.engine import load_engine
+from sage_jax.io import loader
 from sage_jax.prompts import EVAL_PROMPTS, bench_prompts
 
 # Every chain merged (retrieval_gate 0): acceptance, the figure these rows report, not the speed-tuned default gate.
@@ -36,7 +39,9 @@ def main(argv: list[str]) -> int:
     engine = load_engine(None, None if head == "shipped" else head)
     texts = bench_prompts() if which == "bench" else [t for _, t in EVAL_PROMPTS]
     ids = [engine.encode(t) for t in texts]
-    res = {"head": head, "prompts": which, "n": len(ids), "max_new_tokens": 128, "batch": 8}
+    res = {"head": head, "prompts": which, "n": len(ids), "max_new_tokens": 128, "batch": 8,
+           "provenance": provenance.record("python benchmarks/sage/eval_head.py", argv,
+                                           {"draft": loader.DEFAULT_DRAFT if head == "shipped" else head})}
     for k in keys:
         r = evaluate(engine, ids, ["sage"], 128, batch=8, policy_kw=KW[k], progress=False)["sage"]
         res[k] = {f: r.get(f) for f in ("tau", "tokens_per_step", "identical", "per_prompt_min", "per_prompt_max")}

@@ -13,7 +13,7 @@ Decodes held-out prompts with the default target and shipped draft (greedy, one 
 * **unattributed**: ops XLA left without a name (mostly copies it inserted), unless every user of one is model
   work (a KV cache transposed for an attention dot), which makes it model work too.
 
-The issue-5 target is step work + control ≤ 10% of the step. Needs a quiet machine: it times real steps.
+The aim is step work + control ≤ 10% of the step. Needs a quiet machine: it times real steps.
 """
 
 from __future__ import annotations

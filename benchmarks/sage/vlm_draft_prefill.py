@@ -5,7 +5,8 @@
 A random Qwen2.5-VL-architecture pair wider than the tests' (target 4 layers, draft 2 layers, width 256; SAGE's
 losslessness does not depend on the weights, the prefill's cost only on the shapes) and two images of 256 visual
 tokens each against a one-line question. For each pruning ratio, `Engine.time_prefill` compiles the target's and
-the draft's prefills apart and times each (median of `--repeats`), next to XLA's FLOP count of the draft's.
+the draft's prefills apart and times each (median of `--repeats`), next to XLA's FLOP count of the draft's. The
+table opens with what produced it (commit, command line, CPU, jax: `configs.provenance`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from PIL import Image
 
-    from sage_jax.bench.run import machine
+    from configs import provenance
     from sage_jax.bench.tiny_vlm import tiny_vlm
     from sage_jax.engine import Engine
 
@@ -41,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         t = engine.time_prefill(["Describe these two pictures."], images=images, prune_ratio=r, repeats=args.repeats)
         rows.append((r, t))
     base = rows[0][1]["draft_prefill_seconds"]
+    record = provenance.record("python benchmarks/sage/vlm_draft_prefill.py", argv)
     lines = [f"# Draft prefill vs visual-token pruning ({time.strftime('%Y-%m-%d')})", "",
-             f"{machine()}; `python benchmarks/sage/vlm_draft_prefill.py`; random Qwen2.5-VL-architecture pair "
+             provenance.markdown(record), "",
+             f"{provenance.machine(record)}; random Qwen2.5-VL-architecture pair "
              f"(target 4 layers, draft 2 layers, width 256), one prompt with two 448x448 images, median of "
              f"{args.repeats}.", "",
              "| pruning ratio | draft prompt tokens | target prefill ms | draft prefill ms | vs no pruning | "

@@ -4,7 +4,9 @@
                              [--sweep 7,31,64] [--no-hf] [--no-ablations] [--attention xla|pallas] [--out DIR]
                              [--quick]
 
-Prints a Markdown table; writes DIR/bench.json and DIR/*.png. `--quick`: tiny random target, CI smoke run.
+Prints a Markdown table; writes DIR/bench.json, DIR/table.md and DIR/*.png, the first two with what produced them
+(commit, command line, the draft's sha256, CPU, jax; `configs.provenance`). `--quick`: tiny random target, CI smoke
+run.
 
     python -m sage_jax.bench --vlm --target VLM [--draft VLM] [--image PATH ...] [--video PATH ...] [--ratios R,...]
 
@@ -19,7 +21,7 @@ import json
 import os
 import sys
 
-from configs import cli
+from configs import cli, provenance
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -76,9 +78,11 @@ def _main(argv: list[str] | None) -> int:
 
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
-        return vlm.run(args)
+        return vlm.run(args, argv)
     s = suite.build(args)
-    meta = {"title": s.title, "machine": run.machine(), "profile": s.profile, "args": vars(args)}
+    record = run.provenance(argv, s.draft_path)
+    meta = {"title": s.title, "machine": provenance.machine(record), "provenance": record, "profile": s.profile,
+            "args": vars(args)}
 
     def partial(results):  # an interrupted long run still leaves every finished prompt in bench.json
         run.write_json(os.path.join(args.out, "bench.json"), run.summarise(results), results, meta)
@@ -87,11 +91,12 @@ def _main(argv: list[str] | None) -> int:
     rows = run.summarise(results)
     table = run.markdown(rows)
     run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta)
+    run.write_table(os.path.join(args.out, "table.md"), s.title, record, table)
     with open(os.path.join(args.out, "bench.json")) as fh:
         traces = json.load(fh)["traces"]
     pngs = plots.all_plots(rows, traces, s.profile, args.out, s.title)
     print(f"\n{s.title}\n{meta['machine']}\n\n{table}\n")
-    print(f"wrote {os.path.join(args.out, 'bench.json')} and {', '.join(pngs)}", file=sys.stderr)
+    print(f"wrote {os.path.join(args.out, 'bench.json')}, table.md and {', '.join(pngs)}", file=sys.stderr)
     return 0
 
 

@@ -1,17 +1,17 @@
 """The benchmark loop: load once, compile every method (timed apart), then prompts × methods with a progress bar,
-aggregate per method, print a Markdown table, write JSON and plots."""
+aggregate per method, print a Markdown table, write JSON, the table and plots, each results file with what produced
+it (`provenance`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import platform
 import resource
 import time
 
 import numpy as np
 from tqdm import tqdm
 
+from configs import provenance as provenance_lib
 from sage_jax.bench.methods import Method
 
 
@@ -86,16 +86,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
-    import jax
+def provenance(argv: list[str] | None, draft: str | None) -> dict:
+    """What produced this run's results files (`configs.provenance.record`): the commit, the command line, the main
+    draft's checkpoint and its sha256 (None for a self-draft), the CPU, jax / jaxlib and the backend."""
+    return provenance_lib.record("python -m sage_jax.bench", argv, {"draft": draft})
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, jax {jax.__version__} on {jax.devices()[0].platform}"
+
+def write_table(path: str, title: str, record: dict, table: str) -> None:
+    """`table.md`: the run's title, its provenance and the Markdown table."""
+    with open(path, "w") as fh:
+        fh.write(f"{title}\n\n{provenance_lib.markdown(record)}\n\n{table}\n")
 
 
 def write_json(path: str, rows: list[dict], results: dict, meta: dict) -> None:

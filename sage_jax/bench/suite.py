@@ -24,6 +24,7 @@ class Suite:
     runners: dict
     title: str
     profile: dict | None
+    draft_path: str | None = None  # the main draft's checkpoint (None: a self-draft)
 
 
 def parse_budget(text: str):
@@ -71,14 +72,15 @@ def build(args: argparse.Namespace) -> Suite:
         target, prompts = _tiny_target(head_dim=64 if args.attention == "pallas" else 16)  # the kernels' head dims
         self_1 = DraftSpec(kind="self", n_layers=1)
         engine, lm_engine = Engine(target, draft_spec=self_1, **att), Engine(target, draft_spec=self_1, **att)
-        draft_lm, n_lm = None, 1
+        draft_lm, n_lm, draft_path = None, 1, None
     else:
-        from sage_jax.io.loader import load
+        from sage_jax.io.loader import default_draft, load
 
         with cli.reported(OSError, ValueError):
             # Main draft: --draft, else the shipped head for the default target, else the self-draft.
             main_layers = None if args.draft is not None or args.target is None else args.draft_layers
             engine = load_engine(args.target, args.draft, main_layers, **att)
+            draft_path = args.draft if args.draft is not None else default_draft() if main_layers is None else None
             if engine.tokenizer is None:
                 raise cli.BadInput(f"{args.target} has no tokenizer")
             # LM draft (chain-lm, and transformers' assisted generation): --draft-lm, else the truncated target.
@@ -120,7 +122,8 @@ def build(args: argparse.Namespace) -> Suite:
              f"{args.max_new_tokens} new tokens, {len(prompts)} {args.prompt_set} prompts; draft {engine.description}; "
              f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}"
              f"{'; XLA dots only (--matmul xla)' if args.matmul == 'xla' else ''}")
-    return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile)
+    return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile,
+                 draft_path=draft_path)
 
 
 def _module(target):

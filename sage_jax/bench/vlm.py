@@ -11,7 +11,7 @@ Without `--target` the pair is the shipped home-trained VLM (SmolLM2-135M-Instru
 shipped head, asked about held-out Fashion-MNIST test images (never trained on; `--prompts N` of them, default 8),
 and the table says how many answers name the right class. With another target and no `--image` / `--video` the
 prompts ask about scikit-image's sample photos. `--quick`: a tiny random Qwen2.5-VL pair and two synthetic images
-(CI smoke run). Writes DIR/vlm_bench.json and DIR/vlm_pruning.png.
+(CI smoke run). Writes DIR/vlm_bench.json (with what produced it: `configs.provenance`) and DIR/vlm_pruning.png.
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ POLICIES = ("chain", "static", "eagle2", "sage")
 def default_images() -> list:
     """scikit-image's sample photos (they ship with the package, no download)."""
     from PIL import Image
-    from skimage import data
+
+    try:
+        from skimage import data
+    except ModuleNotFoundError:
+        raise cli.BadInput("without --image or --video the prompts ask about scikit-image's sample photos: "
+                           "pip install -e '.[vlm-train]', or give --image") from None
 
     return [Image.fromarray(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket")]
 
@@ -148,8 +153,20 @@ def _table(head: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    from sage_jax.bench.run import machine
+def draft_path(args) -> str | None:
+    """The draft checkpoint `build` loads (None: the --quick pair's, built in memory, or a self-draft)."""
+    if args.quick:
+        return None
+    if args.draft is not None:
+        return args.draft
+    from sage_jax.io import loader
+
+    return loader.default_vlm_draft() if args.target is None else None
+
+
+def run(args, argv: list[str] | None = None) -> int:
+    from configs import provenance
+    from sage_jax.bench.run import provenance as record_of
     from sage_jax.bench.suite import parse_budget
 
     budget = parse_budget(args.budget)
@@ -159,7 +176,8 @@ def run(args) -> int:
     engine, prompts, title, labels = build(args)
     if not prompts:
         raise cli.BadInput("no prompts: give --image / --video, or --prompts > 0")
-    out = {"title": title, "machine": machine(), "methods": {}, "sweep": []}
+    record = record_of(argv, draft_path(args))
+    out = {"title": title, "machine": provenance.machine(record), "provenance": record, "methods": {}, "sweep": []}
     methods = ["ar", *POLICIES]
     if args.methods:
         want = [m.strip() for m in args.methods.split(",") if m.strip()]

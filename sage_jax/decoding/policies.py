@@ -1,9 +1,9 @@
 """Tree policies as frozen configs plus the per-level admission rule each applies.
 
 `chain` and `static` follow a template; `eagle2` expands a top-k beam by cumulative log-prob and reranks
-globally to a node budget; `sage` shapes depth and width from the draft's confidence α (sage.md §1.2, §1.6).
+globally to a node budget; `sage` shapes depth and width from the draft's confidence α (the paper's Eqs. 7-11).
 Every value that changes per step (α, depth, widths, thresholds, the current D_max) is an array: one compile
-serves them all. The ambiguities of the paper (sage.md §1.5) are fields with the stated defaults.
+serves them all. Where the paper can be read two ways, the reading is a field with a stated default.
 """
 
 from __future__ import annotations
@@ -38,14 +38,11 @@ class TreePolicy:
       alpha_source: "root" (the draft's root distribution at step t shapes step t+1; default), "fresh_root"
         (the current step's own root distribution: no lookahead; an ablation), "accepted_path_mean" (mean α
         over the expanded nodes of the accepted path).
-      threshold_prob: which probability must exceed θ_l = θ·l/D (sage.md §1.5(3)): "local", the candidate's own
-        draft probability (the paper's prose, "each candidate whose probability exceeds"; default), or
-        "cumulative", its path's probability (the formal statement). The formal reading compares a probability
-        that falls with depth against a threshold that rises with it: a path at level D must keep probability
-        0.1, which a draft accepting τ ≈ 4-6 tokens (the paper's) reaches and ours (τ+1 ≈ 2.5) rarely does: at a
-        25-node budget its trees were 3.0 levels deep against 4.4. With the shipped head, on the bench's 32 chat
-        prompts (where settings are chosen): τ+1 2.47 cumulative, 2.68 local; on the 24 held-out prompts 2.35 and
-        2.58 (benchmarks/sage/results/threshold_reading). The node budget still admits by path probability.
+      threshold_prob: which probability must exceed θ_l = θ·l/D: "local", the candidate's own draft probability
+        (the paper's prose, "each candidate whose probability exceeds"; default), or "cumulative", its path's
+        probability (the paper's formal statement). The formal reading compares a probability that falls with
+        depth against a threshold that rises with it, so it cuts a weak draft's trees short (docs/sage.md,
+        "Which probability θ_l reads"). The node budget still admits by path probability.
       parent_prob: "local" (default) or "cumulative" probability of the parent in the width decay.
       adapt_depth / adapt_width: ablations; when off, that dimension uses α = 0.5.
       history: the sliding-window hysteresis on D_max (window, low, high; ±1 per step, floor d_min+1, cap d_cap).
@@ -54,10 +51,8 @@ class TreePolicy:
       retrieval_gate: a row merges its chain only while the running precision of its recent chains (how many of
         their leading tokens the target committed, `retrieval.precision`) is at least this; the precision is
         measured whether or not the chain was merged, so a closed gate reopens when the text starts copying.
-        Default 0.5: on the 2-core CPU with the shipped head and `--budget auto`, a gate of 0.5 beat 0 (every
-        chain merged) on chat (1.34x against 1.26x plain decoding) and on copy-heavy prompts (1.68x against
-        1.61x) once a chain may not widen the verify forward past its bucket (`speculative.chain_limit`;
-        docs/sage.md, "Retrieval gate"). 0 maximises acceptance, not speed.
+        Default 0.5 (chosen by speed, docs/sage.md, "Retrieval gate"); 0 merges every chain, which maximises
+        acceptance, not speed.
       chains_gate: the gate at node budget 0, where the prompt-lookup chain is all that is verified: a closed gate
         then verifies the root alone, which costs one plain decoding step (`widths.verify_sizes`), so free text
         runs at the speed of plain decoding and copying text at prompt-lookup speed (docs/sage.md). Default 0.5.
@@ -187,7 +182,7 @@ class StepShape:
 
 
 def confidence(logq: Float[Array, "... V"], k: int) -> Float[Array, "..."]:
-    """α = 1 − H(top-k renormalised) / log k  (sage.md Eqs. 7–9)."""
+    """α = 1 − H(top-k renormalised) / log k  (the paper's Eqs. 7–9)."""
     return confidence_topk(jax.lax.top_k(logq, k)[0])
 
 
@@ -202,7 +197,7 @@ def confidence_topk(top_logq: Float[Array, "... J"]) -> Float[Array, "..."]:
 
 def step_shape(policy: TreePolicy, alpha: Float[Array, " B"], d_max: Int[Array, " B"],
                d_budget: Int[Array, " B"] | None = None) -> StepShape:
-    """D(α) and W(α) (Eqs. 10–11) with the clamps of sage.md §1.5(2); fixed shapes for the other policies.
+    """D(α) and W(α) (Eqs. 10–11), within the depth cap and top-k; fixed shapes for the other policies.
     `d_budget` (the hardware-aware depth cap, <= d_cap) bounds the depth of every policy."""
     b = alpha.shape[0]
     cap = jnp.full((b,), policy.d_cap, jnp.int32) if d_budget is None else jnp.clip(d_budget, 1, policy.d_cap)

@@ -72,8 +72,8 @@ def default_target() -> str:
     return path
 
 
-# The EAGLE-style head trained for the default target by `configs/sage/smollm2_eagle_chat4.py` (issues 4, 19), shipped
-# in the package so that `python -m sage_jax.generate` speculates out of the box.
+# The EAGLE-style head trained for the default target (its recipes and training: docs/drafts.md), shipped in the
+# package so that `python -m sage_jax.generate` speculates out of the box.
 DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
 
 
@@ -118,7 +118,7 @@ def verify_manifest(path: str | os.PathLike) -> None:
             raise ValueError(f"{os.path.join(path, rel)} does not match its sha256 in {file}")
 
 
-# The home-trained LLaVA-OneVision around the default target (`configs/sage/smollm2_vlm.py`, issue 21): its tower,
+# The home-trained LLaVA-OneVision around the default target (`configs/sage/smollm2_vlm.py`): its tower,
 # projector and newline only (the language model is the default target's), used when `generate` gets `--image`.
 DEFAULT_VLM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_vlm")
 

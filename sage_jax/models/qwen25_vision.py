@@ -176,8 +176,8 @@ def layout(cfg: Qwen25VisionConfig, grid_thw: np.ndarray) -> dict[str, np.ndarra
 
 def _attention(cfg: Qwen25VisionConfig, q: Float[Array, "P N H"], k: Float[Array, "Q N H"],
                v: Float[Array, "Q N H"], seg: Int[Array, " P"]) -> Float[Array, "P N H"]:
-    """Block-diagonal attention over segments as a dense [P, Q] mask (the Pallas issue replaces this with a
-    segment-aware kernel); softmax in float32 as the reference's."""
+    """Block-diagonal attention over segments as a dense [P, Q] mask (a segment-aware kernel could skip the masked
+    blocks); softmax in float32 as the reference's."""
     s = jnp.einsum("PNH,QNH->NPQ", q, k, preferred_element_type=jnp.float32) * (cfg.head_dim**-0.5)
     s = jnp.where((seg[:, None] == seg[None, :])[None], s, layers.MASK_VALUE)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)

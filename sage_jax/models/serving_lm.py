@@ -7,10 +7,10 @@ tuple of per-layer dicts with q|k|v and gate|up fused into single matmuls, and u
 
 Inside a layer the activations run feature-major ([D, B·T]) against weights stored [out, in]. For the few tokens
 of a decode or verify step XLA:CPU's matmul is far faster that way round: 30 SmolLM2-sized layers over 4 / 8
-tokens took 26 / 30 ms against 40 / 46 ms token-major (1 token: 16.5 vs 17.3 ms; 2026-11-30, 2-core EPYC).
+tokens took 26 / 30 ms against 40 / 46 ms token-major (1 token: 16.5 vs 17.3 ms, on a 2-core AMD EPYC).
 Transposing the activations at the layer's edges keeps the gain; transposing around each matmul does not (XLA
 folds it back), nor does weights [in, out] contracted on their first axis (a copy per matmul). Other backends
-choose their own layouts, so the orientation should cost them nothing (not measured yet: no accelerator here).
+choose their own layouts, so the orientation should cost them nothing (not measured on an accelerator).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""One prepared run on a lent accelerator: the target writes chat prompts, answers them in large batches, and the
-shipped EAGLE head is trained on the answers online. Every phase ends at its deadline, and what it made is written
-to OUT as soon as it exists, so a lease that runs out still returns the data.
+"""Train the shipped EAGLE head on a GPU or TPU machine in one run: the target writes chat prompts, answers them
+in large batches, and the head is trained on the answers online. Every phase ends at its deadline, and what it
+made is written to OUT as soon as it exists, so a run stopped early still returns its data.
 
     python scripts/device/train_head.py --out OUT [--seconds 470] [--workdir .dev_run/wd]
         [--config smollm2_eagle_device] [--init-from HEAD] [--prompt-batch 512] [--answer-batch 512]
@@ -14,17 +14,15 @@ Phases (fractions of --seconds): the target samples user messages from its chat 
 `build_datastore`'s format, until 50%; then trains the recipe's head (`configs/sage/smollm2_eagle_device.py`: the
 shipped head continued) on those rows, the target's features computed in the step (`training/online.py`), until
 --seconds less a reserve for writing. The step count is the recipe's, or fewer: the number of steps that fit, from
-the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the same machine) exists. Between two
-device calls only paths outside the repository were seen to survive (2026-12-04), so give both calls a --workdir
-under /tmp for the probe's timings and compilation cache to carry over.
+the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the same machine) exists. Give the
+probe and the run the same --workdir so the probe's timings and compilation cache carry over.
 
 With --answers (an earlier run's answers.jsonl.gz) it skips both and trains on those rows; --init-from, --lr and
 --steps then e.g. anneal an earlier run's head. The same held-out rows are kept out either way (a fixed split).
 
 OUT receives answers.jsonl.gz (split in parts under 15 MiB), head.tar (the head checkpoint with SHA256SUMS),
-summary.json and run.log. A head is shipped only after it is measured on the CPU (`evaluate_draft`, the bench's
-chat prompts); docs/drafts.md has the runs, and how the lent machine was reached (the target's 98 MB GGUF in two
-halves over two calls of one warm machine, the wheels it lacks carried) is in benchmarks/sage/results/device_head/.
+summary.json and run.log. Measure a head on the CPU before shipping it (`evaluate_draft`, the bench's chat
+prompts); docs/drafts.md has the runs that made the shipped head, benchmarks/sage/results/device_head/ their logs.
 """
 
 from __future__ import annotations

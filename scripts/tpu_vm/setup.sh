@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs this project with its TPU extra (jax[tpu], which brings libtpu) into .venv on a Cloud TPU VM. Run it on
-# every host of a pod slice (gcloud ... ssh --worker=all). Re-running it only upgrades what changed.
+# Installs this project with both papers' extras and the TPU extra (jax[tpu], which brings libtpu) into .venv on a
+# Cloud TPU VM. Run it on every host of a pod slice (gcloud ... ssh --worker=all). Re-running it only upgrades what
+# changed.
 #
 # Variables:
 #   PYTHON   the interpreter for the venv (default python3.11; the project needs >= 3.11, and the TPU VM images'
@@ -24,6 +25,6 @@ fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -U pip
-.venv/bin/python -m pip install -q -e ".[tpu]"
+.venv/bin/python -m pip install -q -e ".[sage,pgla,tpu]"
 # Importing jax does not start the TPU runtime (on a pod slice that needs every host): versions only.
 .venv/bin/python -c "import jax, flax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'orbax', o.__version__)"

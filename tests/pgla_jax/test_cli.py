@@ -187,8 +187,15 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     for noise in ("gaussian", "laplace"):
         assert abs(rows[(noise, "diffusion_released")]["grad_cosine"] - rows[(noise, "none")]["grad_cosine"]) < 0.02
     assert g_rel["image_psnr"] is None
-    assert (out / "results.md").read_text().count("\n") == 2 + 1 + 8
+    head, table = (out / "results.md").read_text().split("\n\n")
+    assert table.count("\n") == 2 + 1 + 8
     assert json.loads((out / "results.json").read_text())["results"] == res["results"]
+    # What produced them: the command, the commit, the denoiser's sha256, the CPU and jax.
+    rec = res["provenance"]
+    assert rec["command"].startswith("python -m pgla_jax.attack --config digits_tiny --denoiser ")
+    assert rec["denoiser"] == ckpt and len(rec["denoiser_sha256"]) == 64 and "prior" not in rec
+    assert rec["cpu"] and rec["jax"] and rec["jaxlib"] and rec["backend"] == "cpu" and rec["commit"]
+    assert f"- denoiser_sha256: `{rec['denoiser_sha256']}`" in head.splitlines()
     # The same checkpoint on the 28×28 victim does not fit: one line, exit 2.
     assert attack.main(["--config", "mnist_lenet", "--denoiser", ckpt, "--out", str(tmp_path / "x")]) == 2
     assert "trained for a victim" in capsys.readouterr().err

@@ -57,6 +57,14 @@ def test_quick_run_end_to_end(tmp_path, cache_dir):
         assert os.path.getsize(os.path.join(tmp_path, f"{png}.png")) > 1000
     prof = data["meta"]["profile"]
     assert prof["verify_widths"][-1] == 65 and len(prof["verify_ms"]) == len(prof["verify_widths"])
+    # What produced the results: commit, command, draft (a self-draft here: no checkpoint), CPU, jax; table.md too.
+    rec = data["meta"]["provenance"]
+    assert rec["command"] == f"python -m sage_jax.bench --quick --no-progress --out {tmp_path}"
+    assert rec["commit"] == "unknown" or len(rec["commit"].removesuffix("-dirty")) == 40
+    assert rec["draft"] is None and rec["draft_sha256"] is None
+    assert rec["cpu"] and rec["cores"] >= 1 and rec["jax"] and rec["jaxlib"] and rec["backend"] == "cpu"
+    table = (tmp_path / "table.md").read_text()
+    assert f"- commit: `{rec['commit']}`" in table and "- draft_sha256: `None`" in table and "| sage |" in table
 
 
 def test_alpha_plots_use_the_sage_run_that_built_trees():
@@ -87,4 +95,5 @@ def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path):
     assert on["draft_prefill_gflops"] < 0.7 * off["draft_prefill_gflops"]
     assert on["draft_prefill_seconds"] > 0 and off["target_prefill_seconds"] > 0
     assert os.path.getsize(tmp_path / "vlm_pruning.png") > 10_000
+    assert {"commit", "command", "draft_sha256", "cpu", "cores", "jax", "jaxlib", "backend"} <= set(out["provenance"])
 
