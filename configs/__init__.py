@@ -1,2 +1,4 @@
 """Shared configuration: the sharding vocabulary (`configs.sharding`), the checkpoint format
-(`configs.checkpoint`) and experiment configs (`configs/sage/*.py`, `configs/pgla/*.py`)."""
+(`configs.checkpoint`), the command-line contract (`configs.cli`), the offline data sets both papers read
+(`configs.datasets`) and the recipes, as data (`configs/sage/*.py`, `configs/pgla/*.py`: ConfigDicts that the
+consuming package validates through `configs.schema`)."""

@@ -9,8 +9,10 @@ A mistake the user can fix (a missing file, a flag out of range, a config that i
     with cli.reported(OSError, ValueError):  # library errors that are the user's input become BadInput
         model = load(path)
 
-Configs (``--config``) are Python files or named modules of a config package, each defining ``get_config()`` that
-returns a frozen dataclass; ``--set a.b=value`` overrides a field of it (`override`).
+Configs (``--config NAME[:ARG]``) are Python files or named modules of a config package, each defining
+``get_config()`` (or ``get_config(ARG)``) that returns an `ml_collections.ConfigDict` of plain data with a `kind`;
+``--set a.b=value`` overrides a field of it (`override`), and the consuming package's dataclass validates the result
+(`load_config`, `configs.schema`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,12 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import dataclasses
+import copy
 import importlib
 import importlib.util
 import os
 import sys
-import types
-import typing
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 EXIT_BAD_INPUT = 2
 
@@ -101,87 +100,93 @@ def use_compilation_cache(directory: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Configs: `--config NAME_OR_FILE` and `--set key=value`.
+# Configs: `--config NAME[:ARG]` and `--set key=value`.
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_config(spec: str, package: str, expect: type | tuple[type, ...]):
-    """`get_config()` of a Python file (`spec` ends in .py) or of the module `<package>.<spec>`, checked to be an
-    `expect` instance. Anything that goes wrong is a `BadInput` naming the file."""
-    if spec.endswith(".py"):
-        if not os.path.isfile(spec):
-            raise BadInput(f"config file {spec} not found")
-        name = f"_config_{abs(hash(os.path.abspath(spec)))}"
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``NAME:ARG`` or ``FILE.py:ARG`` -> (NAME or FILE.py, ARG); without a colon the argument is None."""
+    if ".py:" in spec:
+        path, _, arg = spec.partition(".py:")
+        return path + ".py", arg
+    name, sep, arg = spec.partition(":")
+    return name, (arg if sep else None)
+
+
+def config_name(spec: str) -> str:
+    """A name for the runs of a config: the module or file name, with its argument (``smollm2_eagle:answers6k`` ->
+    ``smollm2_eagle_answers6k``)."""
+    path, arg = split_spec(spec)
+    name = os.path.splitext(os.path.basename(path))[0]
+    return f"{name}_{arg}" if arg else name
+
+
+def load_config(spec: str, package: str, expect: type | tuple[type, ...], overrides: Sequence[str] = ()):
+    """The recipe `spec` names, validated: ``get_config()`` (``get_config(ARG)`` for ``NAME:ARG``) of a Python file
+    (`spec` ends in .py) or of the module `<package>.<spec>`, a ConfigDict whose `kind` is the `KIND` of one of the
+    `expect` classes (`configs.schema.Schema` dataclasses, such as `DraftRecipe`), with the ``--set`` `overrides`
+    applied (`override`), built by that class's `from_config`. Anything that goes wrong is a `BadInput` naming the
+    config or the key."""
+    import ml_collections
+
+    path, arg = split_spec(spec)
+    if path.endswith(".py"):
+        if not os.path.isfile(path):
+            raise BadInput(f"config file {path} not found")
+        name = f"_config_{abs(hash(os.path.abspath(path)))}"
         try:
-            mod_spec = importlib.util.spec_from_file_location(name, spec)
+            mod_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001  (a file that is not a config is bad input, whatever it raises)
             raise BadInput(f"cannot load config {spec}: {type(e).__name__}: {first_line(e)}") from None
     else:
-        if not spec.isidentifier():
+        if not path.isidentifier():
             raise BadInput(f"unknown config {spec!r}: give a name in {package.replace('.', '/')}/ or a .py file")
         try:
-            module = importlib.import_module(f"{package}.{spec}")
+            module = importlib.import_module(f"{package}.{path}")
         except ModuleNotFoundError as e:
-            if e.name != f"{package}.{spec}":
+            if e.name != f"{package}.{path}":
                 raise
-            raise BadInput(f"unknown config {spec!r} (no {package.replace('.', '/')}/{spec}.py)") from None
+            raise BadInput(f"unknown config {spec!r} (no {package.replace('.', '/')}/{path}.py)") from None
     if not callable(getattr(module, "get_config", None)):
         raise BadInput(f"config {spec!r} defines no get_config()")
     try:
-        cfg = module.get_config()
+        cfg = module.get_config() if arg is None else module.get_config(arg)
     except Exception as e:  # noqa: BLE001
         raise BadInput(f"config {spec!r}: get_config() failed: {type(e).__name__}: {first_line(e)}") from None
     kinds = expect if isinstance(expect, tuple) else (expect,)
-    if not isinstance(cfg, kinds):
-        raise BadInput(f"config {spec!r} returns {type(cfg).__name__}, expected "
-                       f"{' or '.join(k.__name__ for k in kinds)}")
-    return cfg
+    names = " or ".join(k.__name__ for k in kinds)
+    is_mapping = isinstance(cfg, Mapping | ml_collections.ConfigDict)
+    kind = cfg.get("kind") if is_mapping else None
+    cls = next((k for k in kinds if kind is not None and k.KIND == kind), None)
+    if cls is None:
+        what = (type(cfg).__name__ if not is_mapping else f"a {kind!r} config" if kind is not None
+                else f"a {type(cfg).__name__} without a kind")
+        want = " or ".join(repr(k.KIND) for k in kinds)
+        raise BadInput(f"config {spec!r} returns {what}, expected {names} (a ConfigDict of kind {want})")
+    cfg = ml_collections.ConfigDict(cfg) if not isinstance(cfg, ml_collections.ConfigDict) else cfg
+    try:
+        out = cls.from_config(cfg)
+    except (TypeError, ValueError) as e:
+        raise BadInput(f"config {spec!r}: {first_line(e)}") from None
+    for assignment in overrides:
+        cfg = override(cfg, assignment, cls)
+        try:
+            out = cls.from_config(cfg)
+        except (TypeError, ValueError) as e:  # a check of the dataclass (`__post_init__`)
+            raise BadInput(f"--set {assignment.partition('=')[0]}: {first_line(e)}") from None
+    return out
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """`value` (a Python literal) as the field type `hint`; BadInput when it is not one."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arm in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arm, key)
-            except BadInput:
-                pass
-        raise BadInput(f"--set {key}: {value!r} is not a {hint}")
-    if origin is typing.Literal:
-        if value not in args:
-            raise BadInput(f"--set {key}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):  # a bare word list: --set kinds=eagle,lm
-            value = tuple(v.strip() for v in value.split(",") if v.strip())
-        elif not isinstance(value, tuple | list):
-            value = (value,)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], key) for v in value)
-        if len(args) != len(value):
-            raise BadInput(f"--set {key}: expected {len(args)} values, got {len(value)}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
-    if hint is float and type(value) is int:
-        return float(value)
-    if hint is bool and isinstance(value, str) and value.lower() in ("true", "false"):  # as a shell user writes it
-        return value.lower() == "true"
-    if dataclasses.is_dataclass(hint):
-        raise BadInput(f"--set {key}: a group of settings; set one of its fields ({key}.<field>=...)")
-    ok = type(value) is hint if hint in (int, float, str, bool) else (not isinstance(hint, type)
-                                                                      or isinstance(value, hint))
-    if not ok:
-        raise BadInput(f"--set {key}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
-    return value
+def override(config, assignment: str, cls: type):
+    """A copy of the ConfigDict `config` with one field set: ``a.b.c=VALUE``, VALUE a Python literal (a bare word is
+    a string), typed by the field of the dataclass `cls` it names (a group the recipe leaves out is added). Unknown
+    keys and values of the wrong type are `BadInput`; `cls.from_config` checks the rest."""
+    import ml_collections
 
+    from configs import schema
 
-def override(cfg, assignment: str):
-    """`cfg` (a frozen dataclass) with one field replaced: ``a.b.c=VALUE``, VALUE a Python literal (a bare word is
-    a string). Unknown keys and values of the wrong type are `BadInput`."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
         raise BadInput(f"--set expects KEY=VALUE, got {assignment!r}")
@@ -189,21 +194,24 @@ def override(cfg, assignment: str):
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
         value = raw
-
-    def replace(node, parts: list[str]):
-        if not dataclasses.is_dataclass(node):
-            raise BadInput(f"unknown config key {key!r}")
-        fields = {f.name: f for f in dataclasses.fields(node)}
-        if parts[0] not in fields:
-            raise BadInput(f"unknown config key {key!r} (no field {parts[0]!r} in {type(node).__name__})")
-        if len(parts) > 1:
-            new = replace(getattr(node, parts[0]), parts[1:])
-        else:
-            hint = typing.get_type_hints(type(node))[parts[0]]
-            new = _coerce(value, hint, key)
-        try:
-            return dataclasses.replace(node, **{parts[0]: new})
-        except (TypeError, ValueError) as e:  # a __post_init__ check of the config
-            raise BadInput(f"--set {key}: {first_line(e)}") from None
-
-    return replace(cfg, key.split("."))
+    try:
+        hint = schema.field_type(cls, key)
+    except ValueError as e:
+        raise BadInput(first_line(e)) from None
+    if schema.group_type(hint) is not None and value is not None:
+        raise BadInput(f"--set {key}: a group of settings; set one of its fields ({key}.<field>=...)")
+    try:
+        value = schema.check(value, hint, key, text=True)
+    except ValueError as e:
+        raise BadInput(f"--set {first_line(e)}") from None
+    out = copy.deepcopy(config)
+    node = out
+    *groups, last = key.split(".")
+    for part in groups:
+        if node.get(part) is None:
+            node[part] = ml_collections.ConfigDict()
+        node = node[part]
+    if last in node:
+        del node[last]  # a value of another type than the recipe's (an int where it wrote None, ...)
+    node[last] = value
+    return out

@@ -90,9 +90,7 @@ def check_data_name(name: str) -> str:
 
 
 def build_config(args):
-    cfg = cli.load_config(args.config, "configs.pgla", ExperimentConfig)
-    for assignment in args.set:
-        cfg = cli.override(cfg, assignment)
+    cfg = cli.load_config(args.config, "configs.pgla", ExperimentConfig, overrides=args.set)
     prot = {k: v[0] for k, v in (("noise", args.noise), ("calibration", args.calibration)) if v is not None}
     att = {k: v for k, v in (("kind", args.attack), ("iterations", args.iterations)) if v is not None}
     top = {k: v for k, v in (("epsilons", args.epsilons), ("num_images", args.images),

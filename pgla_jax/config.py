@@ -2,6 +2,12 @@
 
 Every field that changes a compiled shape (image size, batch, iteration counts, restarts) lives here, so a config
 is hashable and can be a static argument of `jax.jit`. Values that vary per call (ε, keys) are arrays.
+
+The presets in `configs/pgla/` are data: `get_config()` returns an `ml_collections.ConfigDict` with
+``kind = "experiment"`` (`ExperimentConfig`) or ``kind = "denoiser"`` (`DenoiserConfig`), validated by the class's
+`from_config` (`configs.schema`; a group may give only some of its fields):
+
+    cfg = ExperimentConfig.from_config(mnist_lenet.get_config())
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 from typing import Literal
+
+from configs.schema import Schema
 
 DatasetName = Literal["mnist5k", "fashion_mnist", "digits", "skimage_patches", "surrogate_patches", "cifar10",
                       "cifar100"]
@@ -84,7 +92,11 @@ class AttackConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
+class ExperimentConfig(Schema):
+    """An attack experiment: `python -m pgla_jax.attack --config NAME`."""
+
+    KIND = "experiment"
+
     data: DataConfig = DataConfig()
     victim: VictimConfig = VictimConfig()
     protection: ProtectionConfig = ProtectionConfig()
@@ -147,8 +159,10 @@ class GradientDataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenoiserConfig:
+class DenoiserConfig(Schema):
     """Everything `python -m pgla_jax.train_denoiser` needs; stored in the checkpoint's metadata.json."""
+
+    KIND = "denoiser"
 
     unet: UNetConfig = UNetConfig()
     diffusion: DiffusionConfig = DiffusionConfig()

@@ -26,7 +26,7 @@ from pgla_jax.config import DATASETS, DenoiserConfig, is_dataset_name
 def parse(argv):
     p = cli.Parser(prog="python -m pgla_jax.train_denoiser", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="denoiser_lenet",
-                   help="configs/pgla/<name> or a .py file whose get_config() returns a DenoiserConfig")
+                   help="configs/pgla/<name> or a .py file whose get_config() returns a DenoiserConfig's ConfigDict")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set unet.width=32 (repeatable; --steps wins over it)")
     p.add_argument("--workdir", required=True, help="folder for the data set, the training state and the result")
@@ -48,9 +48,7 @@ def parse(argv):
 
 
 def build_config(args) -> DenoiserConfig:
-    cfg = cli.load_config(args.config, "configs.pgla", DenoiserConfig)
-    for assignment in args.set:
-        cfg = cli.override(cfg, assignment)
+    cfg = cli.load_config(args.config, "configs.pgla", DenoiserConfig, overrides=args.set)
     if args.data is not None or args.data_path is not None:
         src = cfg.gradients.data
         if args.data is not None:

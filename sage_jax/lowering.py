@@ -3,6 +3,7 @@ prefill and decode loop of a 72B vision-language target with its 7B draft, on ab
 mesh by the inference rules. Nothing is allocated, so a CPU finds here the sharding and shape errors a TPU would.
 
     python -m sage_jax.lowering [--preset qwen2.5-vl-72b+7b ...] [--mesh 2x8 ...] [--layers N]
+    python -m sage_jax.lowering --memory-table
 
 prints, per (preset, mesh), the bytes each chip holds as the exported programs take them: the serving weights of
 target and draft, and their KV caches, next to the chip's HBM. Both programs are exported with the same shardings
@@ -11,6 +12,10 @@ for the loop state, so the prefill's output is the decode loop's input as it sta
 `--layers N` exports N real-sized layers of each model (every layer is placed alike) and scales the per-layer bytes
 to the full depth, a quick look at a big mesh; the default, `--layers 0`, exports the whole models (about 15 s a
 pair and mesh on a 2-core CPU).
+
+`--memory-table` prints instead every preset's memory per chip from the models' exact parameter shapes under the
+inference rules (`sage_jax.io.paper_targets.table`: bf16 weights, KV caches for batch 1 x 8192 tokens per model),
+nothing exported.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from configs import cli, sharding
-from configs.sage import paper_targets
 from sage_jax.decoding import speculative as spec
 from sage_jax.decoding import visual_pruning
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
+from sage_jax.io import paper_targets
 from sage_jax.models import serving_lm
 
 #: Meshes the default suite lowers the pairs for: (data, model). A v5p-32 / v6e-16 (4x4 chips) and a v5p-128 /
@@ -198,7 +203,7 @@ def towers_bytes(preset: paper_targets.TpuPreset, tp: int) -> float:
     """Per-chip bytes of both models' vision towers (and projectors) under the inference rules: they run in a
     program of their own (`VisionLM.embed`), so they are not inputs of the exported loop."""
     return sum(math.prod(s) * b / n for m in (preset.target, preset.draft)
-               for name, s, b, n in paper_targets._param_shards(m, tp) if not name.startswith("lm/"))
+               for name, s, b, n in paper_targets.param_shards(m, tp) if not name.startswith("lm/"))
 
 
 def report(rows: list[Lowered]) -> str:
@@ -212,7 +217,7 @@ def report(rows: list[Lowered]) -> str:
         total = sum(b.values()) + towers
         head.append(f"| {r.preset} | {r.mesh[0]} x {r.mesh[1]} | {b['target_weights'] / g:.1f} | "
                     f"{b['draft_weights'] / g:.1f} | {(b['target_kv'] + b['draft_kv']) / g:.2f} | {towers / g:.1f} | "
-                    f"{total / g:.1f} | {paper_targets.HBM_GIB['v6e']:.0f} / {paper_targets.HBM_GIB['v5p']:.0f} |")
+                    f"{total / g:.1f} | {paper_targets.hbm_gib('v6e'):.0f} / {paper_targets.hbm_gib('v5p'):.0f} |")
     return "\n".join(head)
 
 
@@ -225,7 +230,12 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--layers", type=int, default=0, metavar="N", help="real-sized layers exported per model, "
                    "their bytes scaled to full depth (default 0: the whole models)")
     p.add_argument("--prompt-len", type=int, default=Shape.prompt_len, metavar="T")
+    p.add_argument("--memory-table", action="store_true",
+                   help="print every preset's memory per chip by the inference rules (nothing exported) and exit")
     args = p.parse_args(argv)
+    if args.memory_table:
+        print(f"bf16 weights; KV cache for batch 1 x 8192 tokens per model\n\n{paper_targets.table()}")
+        return 0
     meshes = []
     for text in args.mesh or [f"{d}x{m}" for d, m in MESHES.values()]:
         try:

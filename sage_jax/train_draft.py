@@ -1,9 +1,9 @@
-"""`python -m sage_jax.train_draft --config NAME_OR_FILE [--workdir DIR] [--set key=value ...]`
+"""`python -m sage_jax.train_draft --config NAME_OR_FILE[:ARG] [--workdir DIR] [--set key=value ...]`
 
 Builds self-distillation data with the target and trains the drafts of a recipe (`configs/sage/<name>.py`, or any
-.py file whose `get_config()` returns a `sage_jax.training.recipe.DraftRecipe`; an EAGLE head and/or a small LM);
-see `sage_jax/training/pipeline.py` for the work-directory layout. Rerunning resumes. Bad input: one line
-`error: ...` on stderr, exit code 2.
+.py file whose `get_config([ARG])` returns the ConfigDict of a `sage_jax.training.recipe.DraftRecipe`, kind "draft";
+an EAGLE head and/or a small LM); see `sage_jax/training/pipeline.py` for the work-directory layout. Rerunning
+resumes. Bad input: one line `error: ...` on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from configs import cli
 
 def _main(argv: list[str] | None) -> int:
     p = cli.Parser(prog="python -m sage_jax.train_draft", description=__doc__.split("\n\n")[1])
-    p.add_argument("--config", required=True, help="a recipe name under configs/sage, or a .py file")
-    p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
+    p.add_argument("--config", required=True, help="a recipe name under configs/sage, or a .py file; NAME:ARG "
+                   "calls get_config(ARG), e.g. smollm2_eagle:answers6k")
+    p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>[_ARG])")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set eagle.train.steps=10 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
@@ -28,11 +29,8 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     from sage_jax.training.recipe import DraftRecipe
 
-    recipe = cli.load_config(args.config, "configs.sage", DraftRecipe)
-    for item in args.set:
-        recipe = cli.override(recipe, item)
-    name = os.path.splitext(os.path.basename(args.config))[0]
-    workdir = args.workdir or os.path.join("runs", name)
+    recipe = cli.load_config(args.config, "configs.sage", DraftRecipe, overrides=args.set)
+    workdir = args.workdir or os.path.join("runs", cli.config_name(args.config))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
     from sage_jax.io.loader import cache_dir

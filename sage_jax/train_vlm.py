@@ -1,10 +1,11 @@
 """`python -m sage_jax.train_vlm --config NAME_OR_FILE [--workdir DIR] [--set key=value ...]`
 
 Trains the home-trained vision-language model of a recipe (`configs/sage/<name>.py`, or any .py file whose
-`get_config()` returns a `sage_jax.training.vlm_recipe.VLMRecipe`): a LLaVA-OneVision tower and projector around
-the shipped SmolLM2-135M-Instruct, on images that ship offline (`sage_jax/training/vlm_train.py` for the stages and
-the work-directory layout). Rerunning resumes. Writes WORKDIR/vlm (load it with `--target WORKDIR/vlm`),
-WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line `error: ...` on stderr, exit code 2.
+`get_config()` returns the ConfigDict of a `sage_jax.training.vlm_recipe.VLMRecipe`, kind "vlm"): a LLaVA-OneVision
+tower and projector around the shipped SmolLM2-135M-Instruct, on images that ship offline
+(`sage_jax/training/vlm_train.py` for the stages and the work-directory layout). Rerunning resumes. Writes
+WORKDIR/vlm (load it with `--target WORKDIR/vlm`), WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line
+`error: ...` on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -34,13 +35,10 @@ def _main(argv: list[str] | None) -> int:
                            "pip install -e '.[vlm-train]'")
     from sage_jax.training.vlm_recipe import VLMRecipe
 
-    recipe = cli.load_config(args.config, "configs.sage", VLMRecipe)
-    for item in args.set:
-        recipe = cli.override(recipe, item)
+    recipe = cli.load_config(args.config, "configs.sage", VLMRecipe, overrides=args.set)
     if not 1 <= args.heldout <= 10_000:
         raise cli.BadInput(f"--heldout must be in [1, 10000], got {args.heldout}")
-    name = os.path.splitext(os.path.basename(args.config))[0]
-    workdir = args.workdir or os.path.join("runs", name)
+    workdir = args.workdir or os.path.join("runs", cli.config_name(args.config))
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
     from sage_jax.io.loader import cache_dir

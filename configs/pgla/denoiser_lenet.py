@@ -8,13 +8,16 @@ dropout (one checkpoint is both the unconditional model and its conditional vari
 The shipped weights (pgla_jax/assets/lenet28) are this run extended to 7,000 steps with `--steps 7000 --extend`.
 """
 
-from pgla_jax.config import DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig
+import ml_collections
 
 
-def get_config() -> DenoiserConfig:
-    return DenoiserConfig(
-        unet=UNetConfig(width=16, mults=(1, 2, 4), groups=4, heads=4, head_dim=8, cond_channels=1),
-        gradients=GradientDataConfig(victim=VictimConfig(), steps=250, per_step=16, lr=1e-3),
+def get_config() -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        kind="denoiser",
+        unet=dict(width=16, mults=(1, 2, 4), groups=4, heads=4, head_dim=8, cond_channels=1),
+        # The surrogate LeNet (the victim's architecture) trained on Fashion-MNIST, the attacker's own data.
+        gradients=dict(victim=dict(kind="lenet", image_shape=(28, 28, 1)),
+                       data=dict(name="fashion_mnist", split="train"), steps=250, per_step=16, lr=1e-3),
         layout="image2d",
         batch_size=4,
         steps=3000,
@@ -23,4 +26,4 @@ def get_config() -> DenoiserConfig:
         focus_prob=0.9,
         checkpoint_every=250,
         dncnn_steps=3000,
-    )
+    ))

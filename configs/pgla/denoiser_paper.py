@@ -9,18 +9,17 @@ Not trained in this repository (no accelerator has been available to it); the sh
 (width 16).
 """
 
-import dataclasses
+import ml_collections
 
 from configs.pgla import denoiser_lenet
-from pgla_jax.config import DenoiserConfig, UNetConfig
 
 
-def get_config() -> DenoiserConfig:
+def get_config() -> ml_collections.ConfigDict:
     # The shipped recipe (same gradients, schedule shape, t focus, DnCNN) with the paper's U-Net and batch.
-    return dataclasses.replace(
-        denoiser_lenet.get_config(),
-        unet=UNetConfig(width=120, mults=(1, 2, 4), groups=4, heads=4, head_dim=32, cond_channels=1),
-        batch_size=32,
-        steps=2500,
-        lr=2e-4,
-    )
+    c = denoiser_lenet.get_config()
+    c.unet.width = 120
+    c.unet.head_dim = 32
+    c.batch_size = 32
+    c.steps = 2500
+    c.lr = 2e-4
+    return c

@@ -8,15 +8,13 @@ on CPU fit the prior alone:
 The shipped pgla_jax/assets/patches32/prior is this command's WORKDIR/prior.
 """
 
-import dataclasses
+import ml_collections
 
 from configs.pgla import denoiser_lenet
-from pgla_jax.config import DataConfig, DenoiserConfig, GradientDataConfig, VictimConfig
 
 
-def get_config() -> DenoiserConfig:
-    return dataclasses.replace(
-        denoiser_lenet.get_config(),
-        gradients=GradientDataConfig(victim=VictimConfig(image_shape=(32, 32, 3)),
-                                     data=DataConfig(name="surrogate_patches"), steps=250, per_step=16, lr=1e-3),
-    )
+def get_config() -> ml_collections.ConfigDict:
+    c = denoiser_lenet.get_config()
+    c.gradients.victim.image_shape = (32, 32, 3)
+    c.gradients.data = dict(name="surrogate_patches", split="train")
+    return c

@@ -5,21 +5,21 @@ steps. Seconds; used by the tests.
     python -m pgla_jax.train_denoiser --config denoiser_tiny --workdir /tmp/denoiser_tiny
 """
 
-import dataclasses
+import ml_collections
 
 from configs.pgla import denoiser_lenet
-from pgla_jax.config import DataConfig, DenoiserConfig, GradientDataConfig, UNetConfig, VictimConfig
 
 
-def get_config() -> DenoiserConfig:
-    return dataclasses.replace(
-        denoiser_lenet.get_config(),
-        unet=UNetConfig(width=8, mults=(1, 2), groups=2, heads=2, head_dim=4, cond_channels=1),
-        gradients=GradientDataConfig(victim=VictimConfig(image_shape=(8, 8, 1)), data=DataConfig(name="digits"),
-                                     steps=4, per_step=8, lr=1e-3),
-        steps=4,
-        focus_t=DenoiserConfig.focus_t,
-        focus_prob=DenoiserConfig.focus_prob,
-        checkpoint_every=2,
-        dncnn_steps=2,
-    )
+def get_config() -> ml_collections.ConfigDict:
+    c = denoiser_lenet.get_config()
+    c.unet = dict(width=8, mults=(1, 2), groups=2, heads=2, head_dim=4, cond_channels=1)
+    c.gradients.victim.image_shape = (8, 8, 1)
+    c.gradients.data = dict(name="digits", split="train")
+    c.gradients.steps = 4
+    c.gradients.per_step = 8
+    c.steps = 4
+    c.focus_t = 64  # DenoiserConfig's default t sampling
+    c.focus_prob = 0.8
+    c.checkpoint_every = 2
+    c.dncnn_steps = 2
+    return c

@@ -3,10 +3,8 @@ nested dict with string keys, and the `DenoiserConfig` in metadata.json, so `loa
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
 import os
-import typing
 from typing import Any
 
 import jax
@@ -14,7 +12,6 @@ from flax import nnx
 
 from configs import checkpoint
 from pgla_jax import codec as codec_lib
-from pgla_jax import config as config_lib
 from pgla_jax.config import DenoiserConfig
 from pgla_jax.models import split_victim
 
@@ -67,24 +64,9 @@ def load_pure(module: nnx.Module, tree: dict[str, Any]) -> None:
     nnx.update(module, st)
 
 
-def _build(cls, d):
-    """A (nested) frozen dataclass from its JSON dict: lists back to tuples, nested configs recursively."""
-    hints = typing.get_type_hints(cls, vars(config_lib))
-    kw = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in d:
-            continue
-        v, h = d[f.name], hints[f.name]
-        if dataclasses.is_dataclass(h):
-            v = _build(h, v)
-        elif isinstance(v, list):
-            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
-        kw[f.name] = v
-    return cls(**kw)
-
-
 def config_from_json(d: dict[str, Any]) -> DenoiserConfig:
-    return _build(DenoiserConfig, d)
+    """The `DenoiserConfig` stored in a checkpoint's metadata.json (JSON lists back to tuples, every key checked)."""
+    return DenoiserConfig.from_config(d)
 
 
 def make_codec(cfg: DenoiserConfig) -> codec_lib.GradientCodec:

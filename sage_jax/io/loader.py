@@ -72,8 +72,9 @@ def default_target() -> str:
     return path
 
 
-# The EAGLE-style head trained for the default target (its recipes and training: docs/drafts.md), shipped in the
-# package so that `python -m sage_jax.generate` speculates out of the box.
+# The EAGLE-style head trained for the default target by the stages of `configs/sage/smollm2_eagle.py` (the last one
+# on an accelerator, `scripts/device/train_head.py`), shipped in the package so that `python -m sage_jax.generate`
+# speculates out of the box.
 DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
 
 

@@ -1,14 +1,21 @@
 """The frozen configs of a draft recipe (`python -m sage_jax.train_draft --config ...`): target, data, drafts.
 
-A recipe file in `configs/sage/` defines `get_config() -> DraftRecipe`; `--set a.b=value` overrides one field
-(`configs.cli.override`). Every field that changes what is trained is here, and the whole recipe is stored in the
-provenance of the checkpoints it writes.
+A recipe file in `configs/sage/` is data: its `get_config()` returns an `ml_collections.ConfigDict` with
+``kind = "draft"`` whose fields are `DraftRecipe`'s (a group may give only some). `DraftRecipe.from_config` validates
+it (`configs.schema`); `--set a.b=value` overrides one field on the way (`configs.cli.load_config`):
+
+    recipe = DraftRecipe.from_config(smollm2_eagle.get_config("answers6k"))
+
+Every field that changes what is trained is here, and the whole recipe is stored in the provenance of the
+checkpoints it writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Literal
+
+from configs.schema import Schema
 
 DraftKind = Literal["eagle", "lm"]
 
@@ -88,8 +95,10 @@ class LMDraftConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DraftRecipe:
+class DraftRecipe(Schema):
     """Everything `python -m sage_jax.train_draft` does."""
+
+    KIND = "draft"
 
     target: str = "tiny"  # "default" (SmolLM2-135M-Instruct), "tiny" (random), or a GGUF / HF dir / checkpoint path
     target_seed: int = 0  # tiny only

@@ -12,7 +12,9 @@ here in two stages (`sage_jax/training/vlm_train.py`):
 3. **draft** (when `draft` is set): the shipped EAGLE-style text head fine-tuned on the VLM's own greedy answers
    to `draft_rows` training images (`vlm_draft.py`), so that the pair speculates on image prompts.
 
-A config file in `configs/sage/` defines `get_config() -> VLMRecipe`; `--set a.b=value` overrides one field.
+A recipe file in `configs/sage/` returns its data from `get_config()`: an `ml_collections.ConfigDict` with
+``kind = "vlm"`` whose fields are `VLMRecipe`'s (`vision` those of `sage_jax.models.siglip.SiglipConfig`), validated
+by `VLMRecipe.from_config`; `--set a.b=value` overrides one field on the way (`configs.cli.load_config`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from configs.schema import Schema
 from sage_jax.models.siglip import SiglipConfig
 
 
@@ -36,7 +39,9 @@ class StageConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VLMRecipe:
+class VLMRecipe(Schema):
+    KIND = "vlm"
+
     vision: SiglipConfig
     tower: StageConfig
     align: StageConfig

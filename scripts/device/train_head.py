@@ -3,7 +3,7 @@ in large batches, and the head is trained on the answers online. Every phase end
 made is written to OUT as soon as it exists, so a run stopped early still returns its data.
 
     python scripts/device/train_head.py --out OUT [--seconds 470] [--workdir .dev_run/wd]
-        [--config smollm2_eagle_device] [--init-from HEAD] [--prompt-batch 512] [--answer-batch 512]
+        [--config smollm2_eagle] [--init-from HEAD] [--prompt-batch 512] [--answer-batch 512]
         [--max-prompts 131072] [--steps N] [--lr LR] [--answers OUT1/answers.jsonl.gz]
     python scripts/device/train_head.py --probe --out OUT    # random weights of the real shapes: times a training
                                                              # step and a batched decode, checks the toolchain
@@ -11,11 +11,12 @@ made is written to OUT as soon as it exists, so a run stopped early still return
 Phases (fractions of --seconds): the target samples user messages from its chat template's empty user slot
 (`training.self_prompts.sample`, filtered: held-out prompts and their relatives, repeats, unfinished ones) until
 22%; answers them greedily in float32 (`Engine.generate`, policy "ar"), appended to WORKDIR/answers.jsonl in
-`build_datastore`'s format, until 50%; then trains the recipe's head (`configs/sage/smollm2_eagle_device.py`: the
-shipped head continued) on those rows, the target's features computed in the step (`training/online.py`), until
---seconds less a reserve for writing. The step count is the recipe's, or fewer: the number of steps that fit, from
-the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the same machine) exists. Give the
-probe and the run the same --workdir so the probe's timings and compilation cache carry over.
+`build_datastore`'s format, until 50%; then trains the recipe's head (`configs/sage/smollm2_eagle.py`, its last
+stage: the CPU stages' head continued) on those rows, the target's features computed in the step
+(`training/online.py`), until --seconds less a reserve for writing. The step count is the recipe's, or fewer: the
+number of steps that fit, from the probe's measured step time when WORKDIR/../probe.json (a `--probe` run on the
+same machine) exists. Give the probe and the run the same --workdir so the probe's timings and compilation cache
+carry over.
 
 With --answers (an earlier run's answers.jsonl.gz) it skips both and trains on those rows; --init-from, --lr and
 --steps then e.g. anneal an earlier run's head. The same held-out rows are kept out either way (a fixed split).
@@ -80,13 +81,14 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
     import numpy as np
     from flax import nnx
 
-    from configs.sage import smollm2_eagle_device
+    from configs.sage import smollm2_eagle
     from sage_jax.engine import Engine
     from sage_jax.io import lm_checkpoint
     from sage_jax.models import eagle_head
     from sage_jax.models.config import LMConfig
     from sage_jax.models.decoder import Decoder
     from sage_jax.training import online, train
+    from sage_jax.training.recipe import DraftRecipe
 
     log(f"jax {jax.__version__}, devices {jax.devices()}")
     cfg = LMConfig.smollm2_135m()
@@ -100,7 +102,7 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
         dt = time.monotonic() - t
         log(f"decode batch {decode_batch} x 128 (rep {rep}): {dt:.2f}s, {sum(map(len, gen.token_ids)) / dt:.0f} tok/s")
     res[f"decode_{decode_batch}_s"] = dt
-    c = smollm2_eagle_device.get_config()
+    c = DraftRecipe.from_config(smollm2_eagle.get_config())
     tc = dataclasses.replace(c.eagle.train, steps=steps, eval_every=0, ckpt_every=1000,
                              batch_size=batch_size or c.eagle.train.batch_size)
     lm_t = target.serving()
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=".dev_run/wd",
                     help="its parent also holds the probe's timings and the compilation cache")
     ap.add_argument("--seconds", type=float, default=470.0, help="the whole run, from the script's start")
-    ap.add_argument("--config", default="smollm2_eagle_device")
+    ap.add_argument("--config", default="smollm2_eagle", help="a draft recipe, NAME[:ARG] (configs/sage) or a .py "
+                    "file; default: the shipped head's last stage")
     ap.add_argument("--prompt-batch", type=int, default=512)
     ap.add_argument("--answer-batch", type=int, default=512)
     ap.add_argument("--max-prompts", type=int, default=131072)
@@ -192,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
               steps=args.steps or 40)
         return 0
 
-    import importlib
-
     import numpy as np
 
+    from configs import cli
     from sage_jax.engine import load_engine
     from sage_jax.io import lm_checkpoint, loader
     from sage_jax.training import online, pipeline, train
+    from sage_jax.training.recipe import DraftRecipe
     from sage_jax.training.self_prompts import sample as self_prompts
 
     end = T0 + args.seconds
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["answer_files"] = _write_parts(answers, args.out, "answers.jsonl")
         save_summary()
     # 3. The head, trained online on them.
-    c = importlib.import_module(f"configs.sage.{args.config}").get_config()
+    c = cli.load_config(args.config, "configs.sage", DraftRecipe)
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=answers, n_answers=0))
     if args.init_from:
         c = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, init_from=os.path.abspath(args.init_from)))

@@ -1,11 +1,14 @@
-"""The CLI contract: one-line errors with exit code 2, configs from names or files, `--set` on frozen dataclasses."""
+"""The CLI contract: one-line errors with exit code 2, recipes (plain-data ConfigDicts) from names or files, `--set`
+typed by the consuming dataclass, and every preset of configs/ validated by its package."""
 
 import dataclasses
 from typing import Literal
 
+import ml_collections
 import pytest
 
 from configs import cli
+from configs.schema import Schema
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -16,7 +19,9 @@ class Inner:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Outer:
+class Outer(Schema):
+    KIND = "outer"
+
     inner: Inner = Inner()
     kinds: tuple[Literal["x", "y"], ...] = ("x",)
     seeds: tuple[int, ...] = ()
@@ -29,18 +34,32 @@ class Outer:
             raise ValueError("steps must be >= 0")
 
 
-def test_override_parses_values_by_field_type():
-    c = Outer()
-    assert cli.override(c, "inner.steps=3").inner.steps == 3
-    assert cli.override(c, "inner.lr=1").inner.lr == 1.0 and isinstance(cli.override(c, "inner.lr=1").inner.lr, float)
-    assert cli.override(c, "inner.name=b").inner.name == "b"  # a bare word is a string
-    assert cli.override(c, "kinds=x,y").kinds == ("x", "y")
-    assert cli.override(c, "seeds=(1, 2)").seeds == (1, 2)
-    assert cli.override(c, "mode=slow").mode == "slow"
-    assert cli.override(c, "limit=None").limit is None and cli.override(c, "limit=4").limit == 4
-    assert cli.override(c, "flag=True").flag is True
-    assert cli.override(c, "flag=true").flag is True and cli.override(c, "flag=FALSE").flag is False
-    assert c == Outer()  # frozen: a new config every time
+@pytest.fixture
+def outer_file(tmp_path):
+    """A recipe file of `Outer` that gives one field: the rest are the dataclass's defaults."""
+    path = tmp_path / "outer.py"
+    path.write_text("import ml_collections\n\n\ndef get_config(arg=None):\n"
+                    "    return ml_collections.ConfigDict({'kind': 'outer', 'inner': {'name': arg or 'a'}})\n")
+    return str(path)
+
+
+def test_override_parses_values_by_field_type(outer_file):
+    def load(*sets):
+        return cli.load_config(outer_file, "configs", Outer, overrides=sets)
+
+    assert load("inner.steps=3").inner == Inner(steps=3)
+    assert load("inner.lr=1").inner.lr == 1.0 and isinstance(load("inner.lr=1").inner.lr, float)
+    assert load("inner.name=b").inner.name == "b"  # a bare word is a string
+    assert load("kinds=x,y").kinds == ("x", "y")
+    assert load("seeds=(1, 2)").seeds == (1, 2)
+    assert load("mode=slow").mode == "slow"
+    assert load("limit=None").limit is None and load("limit=4").limit == 4
+    assert load("flag=True").flag is True
+    assert load("flag=true").flag is True and load("flag=true", "flag=FALSE").flag is False
+    assert load("inner.steps=3", "inner.lr=0.5").inner == Inner(steps=3, lr=0.5)
+    cd = ml_collections.ConfigDict({"kind": "outer"})
+    assert cli.override(cd, "inner.steps=3", Outer).inner.steps == 3 and "inner" not in cd  # a copy, group added
+    assert cli.load_config(outer_file.replace(".py", ".py:b"), "configs", Outer).inner.name == "b"  # FILE.py:ARG
 
 
 @pytest.mark.parametrize("assignment, needle", [
@@ -53,12 +72,12 @@ def test_override_parses_values_by_field_type():
     ("kinds=z", "not one of"),
     ("mode=medium", "not one of"),
     ("inner=3", "group of settings"),
-    ("inner.steps=-1", "steps must be >= 0"),  # the config's own check
+    ("inner.steps=-1", "--set inner.steps: steps must be >= 0"),  # the dataclass's own check
     ("steps", "KEY=VALUE"),
 ])
-def test_override_rejects_with_one_line(assignment, needle):
+def test_override_rejects_with_one_line(outer_file, assignment, needle):
     with pytest.raises(cli.BadInput, match=needle) as e:
-        cli.override(Outer(), assignment)
+        cli.load_config(outer_file, "configs", Outer, overrides=[assignment])
     assert "\n" not in str(e.value)
 
 
@@ -68,18 +87,36 @@ def test_load_config_names_files_and_mistakes(tmp_path):
     assert isinstance(cli.load_config("mnist_lenet", "configs.pgla", ExperimentConfig), ExperimentConfig)
     good = tmp_path / "good.py"
     good.write_text("from configs.pgla import denoiser_tiny\n\n\ndef get_config():\n"
-                    "    return denoiser_tiny.get_config()\n")
-    assert isinstance(cli.load_config(str(good), "configs.pgla", DenoiserConfig), DenoiserConfig)
+                    "    c = denoiser_tiny.get_config()\n    c.steps = 7\n    return c\n")
+    assert cli.load_config(str(good), "configs.pgla", DenoiserConfig).steps == 7
     cases = {"syntax.py": ("def get_config(:\n", "cannot load config"), "none.py": ("x = 1\n", "no get_config"),
              "raises.py": ("def get_config():\n    raise KeyError('k')\n", r"get_config\(\) failed"),
-             "int.py": ("def get_config():\n    return 3\n", "returns int, expected DenoiserConfig")}
+             "int.py": ("def get_config():\n    return 3\n", "returns int, expected DenoiserConfig"),
+             "nokind.py": ("def get_config():\n    return {'steps': 3}\n", "without a kind, expected DenoiserConfig"),
+             "other.py": ("from configs.pgla import mnist_lenet\nget_config = mnist_lenet.get_config\n",
+                          "returns a 'experiment' config, expected DenoiserConfig"),
+             "key.py": ("def get_config():\n    return {'kind': 'denoiser', 'stpes': 3}\n",
+                        "unknown config key 'stpes'"),
+             "type.py": ("def get_config():\n    return {'kind': 'denoiser', 'unet': {'mults': 2}}\n",
+                         "unet.mults: expected a tuple"),
+             "arg.py": ("def get_config():\n    return {'kind': 'denoiser'}\n", r"get_config\(\) failed: TypeError")}
     for name, (text, needle) in cases.items():
         (tmp_path / name).write_text(text)
-        with pytest.raises(cli.BadInput, match=needle):
-            cli.load_config(str(tmp_path / name), "configs.pgla", DenoiserConfig)
-    for spec, needle in (("no_such", "unknown config"), ("../x", "unknown config"), ("/no/file.py", "not found")):
+        spec = str(tmp_path / name) + (":x" if name == "arg.py" else "")
+        with pytest.raises(cli.BadInput, match=needle) as e:
+            cli.load_config(spec, "configs.pgla", DenoiserConfig)
+        assert "\n" not in str(e.value)
+    for spec, needle in (("no_such", "unknown config"), ("../x", "unknown config"), ("/no/file.py", "not found"),
+                         ("no_such:arg", "unknown config")):
         with pytest.raises(cli.BadInput, match=needle):
             cli.load_config(spec, "configs.pgla", DenoiserConfig)
+
+
+def test_config_names_of_workdirs():
+    assert cli.split_spec("smollm2_eagle:answers6k") == ("smollm2_eagle", "answers6k")
+    assert cli.split_spec("dir/x.py:a:b") == ("dir/x.py", "a:b") and cli.split_spec("tiny") == ("tiny", None)
+    assert cli.config_name("smollm2_eagle:answers6k") == "smollm2_eagle_answers6k"
+    assert cli.config_name("configs/sage/tiny.py") == "tiny"
 
 
 def test_run_turns_bad_input_into_one_line_and_exit_2(capsys):
@@ -103,41 +140,58 @@ def test_run_turns_bad_input_into_one_line_and_exit_2(capsys):
 
 
 def test_every_pgla_preset_loads_as_its_kind():
-    # A preset that no test imports must still build: every file in configs/pgla returns an ExperimentConfig or a
-    # DenoiserConfig, and denoiser presets fit their victim's gradient (the U-Net's downsampling divides the side).
+    # Every file in configs/pgla is data (a ConfigDict with a kind) that builds an ExperimentConfig or a
+    # DenoiserConfig; denoiser presets fit their victim's gradient (the U-Net's downsampling divides the side).
     import pkgutil
 
     import configs.pgla
     from pgla_jax.config import DenoiserConfig, ExperimentConfig
 
-    names = [m.name for m in pkgutil.iter_modules(configs.pgla.__path__)]
-    assert {"mnist_lenet", "patches_lenet", "cifar100_lenet", "denoiser_lenet", "denoiser_paper"} <= set(names)
-    for name in names:
+    names = {m.name for m in pkgutil.iter_modules(configs.pgla.__path__)}
+    assert names == {"mnist_lenet", "cifar100_lenet", "stl10_lenet", "patches_lenet", "digits_tiny", "denoiser_lenet",
+                     "denoiser_paper", "denoiser_patches", "denoiser_tiny"}
+    for name in sorted(names):
         cfg = cli.load_config(name, "configs.pgla", (ExperimentConfig, DenoiserConfig))
         if isinstance(cfg, DenoiserConfig):
             assert cfg.batch_size >= 1 and cfg.unet.width % cfg.unet.groups == 0, name
         else:
             assert len(cfg.victim.image_shape) == 3 and cfg.num_images % cfg.batch_size == 0, name
+    # The paper's colour victims and the shipped prior's victim share the 32×32×3 LeNet and its 4,000 iterations.
+    cifar, patches = (cli.load_config(n, "configs.pgla", ExperimentConfig) for n in ("cifar100_lenet", "patches_lenet"))
+    assert (cifar.victim.num_classes, patches.victim.num_classes, patches.attack.iterations) == (100, 10, 4000)
+    assert patches.victim.image_shape == cli.load_config("denoiser_patches", "configs.pgla",
+                                                         DenoiserConfig).gradients.victim.image_shape
 
 
-def test_every_sage_draft_recipe_loads():
-    # Like the PGLA presets: every draft recipe in configs/sage builds (the continued ones name the data and the head
-    # they start from).
+def test_every_sage_recipe_loads_as_its_kind():
+    # Every file in configs/sage is data that its package validates; the shipped head's stages name the data and the
+    # head each one continues, ending in the recipe of the device runs.
     import pkgutil
 
     import configs.sage
+    from configs.sage import smollm2_eagle
+    from sage_jax.io.paper_targets import PaperTargets
     from sage_jax.training.recipe import DraftRecipe
+    from sage_jax.training.vlm_recipe import VLMRecipe
 
-    names = [m.name for m in pkgutil.iter_modules(configs.sage.__path__)]
-    recipes = [n for n in names if n.startswith(("smollm2_eagle", "tiny"))]
-    want = {"smollm2_eagle_chat2", "smollm2_eagle_chat4", "smollm2_eagle_chat6", "smollm2_eagle_device", "tiny"}
-    assert want <= set(recipes)
-    for name in recipes:
-        cfg = cli.load_config(name, "configs.sage", DraftRecipe)
-        assert cfg.kinds, name
-    chat6 = cli.load_config("smollm2_eagle_chat6", "configs.sage", DraftRecipe)
-    assert chat6.data.answers == "runs/self_prompts/answers.jsonl" and not chat6.data.rollouts
-    assert chat6.eagle.init_from == "runs/smollm2_eagle_chat4/eagle_head"
-    device = cli.load_config("smollm2_eagle_device", "configs.sage", DraftRecipe)  # the shipped head's recipe
-    assert device.eagle.init_from == chat6.eagle.init_from and not device.data.rollouts and device.data.answers
-    assert (device.vocab_size, device.eagle.taps, device.eagle.train.batch_size) == (8192, (), 64)
+    names = {m.name for m in pkgutil.iter_modules(configs.sage.__path__)}
+    assert names == {"tiny", "smollm2_eagle", "smollm2_vlm", "paper_targets"}
+    kinds = {n: cli.load_config(n, "configs.sage", (DraftRecipe, VLMRecipe, PaperTargets)) for n in sorted(names)}
+    assert [type(kinds[n]) for n in ("tiny", "smollm2_eagle", "smollm2_vlm", "paper_targets")] == [
+        DraftRecipe, DraftRecipe, VLMRecipe, PaperTargets]
+    stages = {s: cli.load_config(f"smollm2_eagle:{s}", "configs.sage", DraftRecipe) for s in smollm2_eagle.STAGES}
+    assert stages["device"] == kinds["smollm2_eagle"]  # the default: the shipped head's last stage
+    scratch = stages["scratch"]
+    assert scratch.data.rollouts and not scratch.eagle.init_from and scratch.data.extra_general_seeds == (1,)
+    for prev, stage in zip(smollm2_eagle.STAGES, smollm2_eagle.STAGES[1:]):
+        c = stages[stage]
+        assert c.eagle.init_from == f"runs/smollm2_eagle_{prev}/eagle_head" and not c.data.rollouts, stage
+        assert (c.vocab_size, c.eagle.taps, c.kinds) == (8192, (), ("eagle",)), stage
+    assert (stages["answers4k"].data.answers, stages["answers4k"].data.n_answers) == ("runs/datastore/answers.jsonl",
+                                                                                      4096)
+    assert stages["answers6k"].data.n_answers == 6144
+    device = stages["device"]
+    assert device.data.answers == "runs/device/answers.jsonl" and device.data.n_general == 0
+    assert (device.eagle.train.batch_size, device.eagle.train.steps) == (64, 6000)
+    with pytest.raises(cli.BadInput, match="unknown stage 'chat4'"):
+        cli.load_config("smollm2_eagle:chat4", "configs.sage", DraftRecipe)

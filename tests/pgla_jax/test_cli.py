@@ -49,8 +49,8 @@ def test_cli_json_and_figure(tmp_path, capsys):
     (["--denoiser", "none", "--denoisers", "none,diffusion"], "not available"),
     (["--noise", "gaussian,uniform"], "invalid choice"),
     (["--config", "no_such_config"], "unknown config"),
-    (["--config", "cifar10_lenet", "--data-path", "/nonexistent/cifar"], "not found"),
-    (["--config", "cifar10_lenet"], "not found"),
+    (["--config", "patches_lenet", "--data", "cifar10", "--data-path", "/nonexistent/cifar"], "not found"),
+    (["--config", "patches_lenet", "--data", "cifar10"], "not found"),
     (["--config", "digits_tiny", "--batch-size", "5000", "--images", "5000"], "larger than"),
     (["--config", "digits_tiny", "--noise", "uniform"], "invalid choice"),
     (["--config", "denoiser_tiny"], "expected ExperimentConfig"),
@@ -156,10 +156,11 @@ def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     from flax import nnx
 
     from configs.pgla import denoiser_tiny
+    from pgla_jax.config import DenoiserConfig
     from pgla_jax.denoise import denoiser_checkpoint
     from pgla_jax.denoise.unet import UNet
 
-    cfg = denoiser_tiny.get_config()
+    cfg = DenoiserConfig.from_config(denoiser_tiny.get_config())
     ckpt = str(tmp_path / "denoiser")
     denoiser_checkpoint.save(ckpt, denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     out = tmp_path / "run"
@@ -207,6 +208,7 @@ def test_train_denoiser_end_to_end(tmp_path):
     set, the U-Net and DnCNN checkpoints; then a longer schedule on the finished workdir without --extend is the
     library's refusal, one line and exit 2. ~80-90 s, most of it compiling the U-Net's training step."""
     from configs.pgla import denoiser_tiny
+    from pgla_jax.config import DenoiserConfig
     from pgla_jax.denoise import denoiser_checkpoint, prior
 
     env = {**os.environ, "XLA_FLAGS": "", "JAX_NUMPY_RANK_PROMOTION": "raise"}
@@ -218,7 +220,7 @@ def test_train_denoiser_end_to_end(tmp_path):
     assert denoiser_checkpoint.load(str(work / "denoiser"))[2]["provenance"]["steps"] == 4
     assert denoiser_checkpoint.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
     assert "Gaussian prior" in p.stderr
-    assert prior.load(str(work / "prior")).rank == denoiser_tiny.get_config().prior_rank
+    assert prior.load(str(work / "prior")).rank == DenoiserConfig.from_config(denoiser_tiny.get_config()).prior_rank
     p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)
     last = p.stderr.splitlines()[-1]
     assert p.returncode == 2 and last.startswith("error: ") and "--extend" in last and "Traceback" not in p.stderr

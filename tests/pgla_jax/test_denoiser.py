@@ -11,7 +11,7 @@ from flax import nnx
 from configs import sharding
 from configs.pgla import denoiser_tiny
 from pgla_jax import codec, data, fl, metrics, protections
-from pgla_jax.config import DataConfig, GradientDataConfig, ProtectionConfig, UNetConfig, VictimConfig
+from pgla_jax.config import DataConfig, DenoiserConfig, GradientDataConfig, ProtectionConfig, UNetConfig, VictimConfig
 from pgla_jax.denoise import baselines, denoiser_checkpoint, denoisers, gradients
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.models import split_victim
@@ -88,7 +88,7 @@ def test_gradient_data_set_is_the_surrogate_trajectory(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
     """An untrained tiny conditional U-Net checkpoint for the 8×8 digits LeNet (saving needs no training)."""
-    cfg = denoiser_tiny.get_config()
+    cfg = DenoiserConfig.from_config(denoiser_tiny.get_config())
     path = str(tmp_path_factory.mktemp("ckpt") / "denoiser")
     denoiser_checkpoint.save(path, denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     return path, cfg
@@ -150,7 +150,7 @@ def tiny_run(tmp_path_factory):
     from pgla_jax.denoise import train
 
     root = tmp_path_factory.mktemp("train")
-    cfg = denoiser_tiny.get_config()
+    cfg = DenoiserConfig.from_config(denoiser_tiny.get_config())
     data, mesh = str(root / "gradients"), sharding.make_mesh(data=1, devices=jax.devices()[:1])
     gradients.build(cfg.gradients, data)
     full = []

@@ -9,7 +9,7 @@ from flax import nnx
 
 from configs.pgla import denoiser_tiny
 from pgla_jax import codec, fl, protections
-from pgla_jax.config import ProtectionConfig
+from pgla_jax.config import DenoiserConfig, ProtectionConfig
 from pgla_jax.denoise import ddpm, denoiser_checkpoint, denoisers, prior, sampling
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.models import split_victim
@@ -78,7 +78,7 @@ def test_fit_recovers_a_low_rank_gaussian_and_blocks_follow_the_layers():
     np.testing.assert_allclose(np.asarray(p.rest), np.asarray(p_true.rest), rtol=0.1)
     np.testing.assert_allclose(np.asarray(p.mean), mean, atol=0.05)
     # The DLG LeNet: one block per layer (kernel + bias), in the codec's leaf order.
-    _, params = split_victim(denoiser_tiny.get_config().gradients.victim)
+    _, params = split_victim(DenoiserConfig.from_config(denoiser_tiny.get_config()).gradients.victim)
     bounds = prior.blocks(params)
     assert len(bounds) == 4 and bounds[0][0] == 0 and bounds[-1][1] == codec.make_codec(params).size
     assert all(b0[1] == b1[0] for b0, b1 in zip(bounds[:-1], bounds[1:]))
@@ -89,7 +89,7 @@ def test_fit_recovers_a_low_rank_gaussian_and_blocks_follow_the_layers():
 @pytest.fixture(scope="module")
 def tiny_prior_ckpt(tmp_path_factory):
     """An untrained tiny U-Net and a prior fitted on random 'gradients' of the 8×8 digits LeNet, saved side by side."""
-    cfg = denoiser_tiny.get_config()
+    cfg = DenoiserConfig.from_config(denoiser_tiny.get_config())
     root = tmp_path_factory.mktemp("prior_ckpt")
     denoiser_checkpoint.save(str(root / "denoiser"), denoiser_checkpoint.to_pure(UNet(cfg.unet, rngs=nnx.Rngs(0))), cfg)
     _, params = split_victim(cfg.gradients.victim)

@@ -2,14 +2,15 @@
 Qwen2.5-VL-72B + 7B and LLaVA-OneVision-72B + 7B export for 4x4 and 8x8-chip meshes, with every weight and cache cut
 as serving needs, and the bytes each chip holds in the exported programs are the bytes the sharding rules give."""
 
+import glob
 import math
 import os
 import re
 
 import pytest
 
-from configs.sage import paper_targets
 from sage_jax import lowering
+from sage_jax.io import paper_targets
 
 PAIRS = ("qwen2.5-vl-72b+7b", "llava-ov-72b+7b")
 
@@ -24,7 +25,7 @@ def lowered():
 def _lm_bytes(model: paper_targets.Model, tp: int) -> float:
     """Per-chip bytes of a model's language model under the inference rules, from its canonical parameters
     (`paper_targets`), an independent account of what the exported serving weights must come to."""
-    return sum(math.prod(s) * b / n for name, s, b, n in paper_targets._param_shards(model, tp)
+    return sum(math.prod(s) * b / n for name, s, b, n in paper_targets.param_shards(model, tp)
                if name.startswith("lm/"))
 
 
@@ -70,12 +71,19 @@ def test_bytes_per_chip_are_the_rules_bytes_and_fit_the_chip(lowered, name):
         t = preset.target.build_config()[1].text
         run_capacity = b["target_kv"] / (2 * t.n_layers * (t.n_kv_heads // 8) * t.head_dim * 2)
         assert run_capacity >= lowering.Shape().prompt_len + lowering.Shape().max_new_tokens  # one row a replica
-        assert sum(b.values()) < 0.8 * paper_targets.HBM_GIB["v6e"] * 2**30
+        assert sum(b.values()) < 0.8 * paper_targets.hbm_gib("v6e") * 2**30
 
 
-def test_the_readme_shows_the_exported_table(lowered):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    assert lowering.report(list(lowered.values())) in readme  # regenerate: python -m sage_jax.lowering
+def test_the_docs_show_the_exported_table(lowered):
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    pages = [os.path.join(root, "README.md"), *sorted(glob.glob(os.path.join(root, "docs", "*.md")))]
+    table = lowering.report(list(lowered.values()))
+    assert any(table in open(p, encoding="utf-8").read() for p in pages)  # regenerate: python -m sage_jax.lowering
+
+
+def test_cli_prints_the_memory_table(capsys):
+    assert lowering.main(["--memory-table"]) == 0
+    assert paper_targets.table() in capsys.readouterr().out
 
 
 def test_cli_reports_bad_meshes_in_one_line(capsys):

@@ -189,13 +189,13 @@ def test_the_verify_step_with_the_kernel_lowers_for_tpu_at_smollm2_shapes():
 def test_a_72b_verify_layer_with_the_kernel_lowers_for_an_8_chip_slice():
     """One real-sized Qwen2.5-VL-72B layer (64 query / 8 KV heads, head dim 128, bf16, M-RoPE) tensor-parallel over
     an abstract 8-chip mesh: the kernel runs per chip on its own heads (`map_shards`)."""
-    from configs.sage import paper_targets
+    from sage_jax.io import paper_targets
 
     preset = paper_targets.presets()["qwen2.5-vl-72b+7b"]
     _, vlm_cfg = preset.target.build_config()
     cfg = vlm_cfg.text.replace(n_layers=1, attention="pallas")
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dtype) == (64, 8, 128, "bfloat16")
-    exported = _tpu_verify_step(cfg, paper_targets._abstract_mesh(preset.tp), capacity=4096, mrope=True)
+    exported = _tpu_verify_step(cfg, paper_targets.abstract_mesh(preset.tp), capacity=4096, mrope=True)
     assert exported.nr_devices == preset.tp
     text = exported.mlir_module()
     assert "tpu_custom_call" in text and "sdy.manual_computation" in text

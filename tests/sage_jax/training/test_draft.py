@@ -292,8 +292,9 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
         pytest.skip("wordnet-base not installed")
     from configs.sage import tiny
     from sage_jax.training import pipeline
+    from sage_jax.training.recipe import DraftRecipe
 
-    c = tiny.get_config()
+    c = DraftRecipe.from_config(tiny.get_config())
     c = dataclasses.replace(c, data=dataclasses.replace(
         c.data, n_train=0, n_heldout=0, n_general=12, n_heldout_general=4, general_templates="extended",
         max_prompt_tokens=160, max_new_tokens=4))
@@ -323,16 +324,17 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
         pytest.skip("wordnet-base not installed")
     import json
 
-    from configs.sage import smollm2_eagle_chat3
+    from configs.sage import smollm2_eagle
     from sage_jax.training import pipeline
     from sage_jax.training.answers import training_prompts
+    from sage_jax.training.recipe import DraftRecipe
 
     cfg, _, tok, _ = smollm2
     prompts = training_prompts(6)
     path = tmp_path / "answers.jsonl"
     lines = [{"i": i, "prompt": data.encode(tok, t, 0), "answer": [100 + i, 7, 2]} for i, (_, t) in enumerate(prompts)]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    c = smollm2_eagle_chat3.get_config()
+    c = DraftRecipe.from_config(smollm2_eagle.get_config("answers4k"))
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_train=0, n_general=2,
                                                         extra_general_seeds=(), n_answers=0))
     own = {t for _, t in pipeline._blocks(c)[0][2]}
@@ -362,8 +364,9 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
 def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_does_not_fit(target, tmp_path):
     from configs.sage import tiny
     from sage_jax.training import pipeline
+    from sage_jax.training.recipe import DraftRecipe
 
-    c = tiny.get_config()
+    c = DraftRecipe.from_config(tiny.get_config())
     tcfg = target.cfg
     vocab = np.arange(2, 2 + 40, dtype=np.int32)
     c = dataclasses.replace(c, vocab_size=40)

@@ -180,8 +180,9 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     """The tiny recipe as an EAGLE-3-style head (taps, own head, no regression, 3 levels, hard CE): trained from
     feature shards, its acceptance rises, and its checkpoint drafts for the target with AR's output."""
     from configs.sage import tiny
+    from sage_jax.training.recipe import DraftRecipe
 
-    c = tiny.get_config()
+    c = DraftRecipe.from_config(tiny.get_config())
     c = dataclasses.replace(
         c, kinds=("eagle",),
         eagle=dataclasses.replace(c.eagle, taps=(0, 1), own_head=True, train=dataclasses.replace(

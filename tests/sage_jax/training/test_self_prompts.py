@@ -88,8 +88,9 @@ def test_self_prompts_filter_dedupe_and_resume(smollm2, tmp_path):
 def test_answer_rows_of_self_prompts(smollm2, tmp_path):
     """`data.answers` of `--prompts self`: rows keep their texts' ids, kind "chat"; a prompt near a held-out one
     is dropped, ids that are not its text's are refused."""
-    from configs.sage import smollm2_eagle_chat3
+    from configs.sage import smollm2_eagle
     from sage_jax.training import pipeline, wordnet
+    from sage_jax.training.recipe import DraftRecipe
 
     if not wordnet.available():
         pytest.skip("wordnet-base not installed")
@@ -99,7 +100,7 @@ def test_answer_rows_of_self_prompts(smollm2, tmp_path):
              for i, t in enumerate(prompts)]
     path = tmp_path / "answers.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    c = smollm2_eagle_chat3.get_config()
+    c = DraftRecipe.from_config(smollm2_eagle.get_config("answers4k"))
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_answers=0))
     rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
     assert len(rows["tokens"]) == 3 and set(rows["kind"]) == {data.ALL_KINDS.index("chat")}

@@ -183,7 +183,8 @@ def test_shipped_vlm_was_trained_by_the_readme_recipe():
     from sage_jax.training.vlm_recipe import VLMRecipe
 
     meta = checkpoint.read_metadata(loader.default_vlm())  # its sha256 manifest checked too
-    shipped, want = meta["provenance"]["recipe"], json.loads(json.dumps(smollm2_vlm.get_config().to_json()))
+    recipe = VLMRecipe.from_config(smollm2_vlm.get_config())
+    shipped, want = meta["provenance"]["recipe"], json.loads(json.dumps(recipe.to_json()))
     # Fields added to the recipe after the asset was trained must sit at their defaults (which keep the old
     # behaviour); every other field is the one the asset was trained with.
     defaults = {f.name: f.default for f in dataclasses.fields(VLMRecipe) if f.default is not dataclasses.MISSING}

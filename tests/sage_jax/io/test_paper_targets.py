@@ -1,7 +1,10 @@
-"""The paper presets: published sizes, memory per chip within HBM, and a 72B layer's sharded program lowering for
-TPU from this CPU (abstract arrays on an abstract 8-chip mesh, nothing allocated)."""
+"""The paper presets (`sage_jax.io.paper_targets` over the data of `configs/sage/paper_targets.py`): published sizes,
+memory per chip within HBM, and a 72B layer's sharded program lowering for TPU from this CPU (abstract arrays on an
+abstract 8-chip mesh, nothing allocated)."""
 
 import dataclasses
+import glob
+import os
 import re
 
 import jax
@@ -11,7 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from configs import sharding
-from configs.sage import paper_targets
+from sage_jax.io import paper_targets
 
 # Parameter counts on the models' HF cards (billions).
 PUBLISHED = {"qwen2.5-vl-7b": 8.29, "llava-ov-7b": 8.03, "qwen2.5-vl-72b+7b": 73.4 + 8.29,
@@ -32,11 +35,26 @@ def test_presets_have_the_published_sizes_and_fit_their_chips():
             paper_targets.memory_per_chip(dataclasses.replace(solo, tp=1))["weights_gib"] / p.tp)
 
 
-def test_readme_shows_this_table():
-    import os
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    assert paper_targets.table() in readme  # regenerate with `python -m configs.sage.paper_targets`
+
+def test_the_docs_show_this_table():
+    """The README or a page of docs/ shows the table as `python -m sage_jax.lowering --memory-table` prints it."""
+    pages = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    table = paper_targets.table()
+    assert any(table in open(p, encoding="utf-8").read() for p in pages)  # regenerate with the command above
+
+
+def test_the_data_names_every_preset_s_models():
+    presets = paper_targets.presets()
+    assert set(presets) == {"qwen2.5-vl-72b+7b", "llava-ov-72b+7b", "qwen2.5-vl-72b+7b-v5p", "qwen2.5-vl-7b",
+                            "llava-ov-7b"}
+    p = presets["qwen2.5-vl-72b+7b"]
+    assert (p.target, p.draft, p.chips, p.tp, p.dtype) == (paper_targets.Model("qwen2_5_vl", "72b"),
+                                                          paper_targets.Model("qwen2_5_vl", "7b"), 8, 8, "bfloat16")
+    assert paper_targets.hbm_gib(p.generation) == 32.0
+    with pytest.raises(ValueError, match="no qwen2_5_vl model of size '3b'"):
+        paper_targets.Model("qwen2_5_vl", "3b").build_config()
 
 
 def test_a_72b_layer_lowers_for_a_tpu_slice():
@@ -46,7 +64,7 @@ def test_a_72b_layer_lowers_for_a_tpu_slice():
     preset = paper_targets.presets()["qwen2.5-vl-72b+7b"]
     arch, cfg = preset.target.build_config()
     text = cfg.text.replace(n_layers=1)  # one real-sized layer: the sharding of every layer is the same
-    mesh = paper_targets._abstract_mesh(preset.tp)
+    mesh = paper_targets.abstract_mesh(preset.tp)
     from sage_jax.models.decoder import Decoder
 
     _, state = nnx.split(nnx.eval_shape(lambda: Decoder(text, rngs=nnx.Rngs(0))))
