@@ -5,5 +5,5 @@
     wordnet   chat-style prompts about WordNet topics
     rollout   the target's batched greedy answers with its features (one compiled decode)
     train     losses, training-time test, resumable Orbax training of an EAGLE-style head or a small LM
-    pipeline  the whole recipe: target -> data -> drafts -> checkpoints
+    distillation  the whole recipe: target -> data -> drafts -> checkpoints
 """

@@ -2,7 +2,7 @@
 
 On an accelerator one target forward over a batch costs less than reading its cached features back (a SmolLM2-135M
 row of 256 tokens holds 0.6 MB of float32 features), so a row needs only its tokens: `data.py`'s layout without
-`features` (tokens, lengths, answer_start, kind), e.g. `pipeline.answer_rows`. The frozen target rides in the
+`features` (tokens, lengths, answer_start, kind), e.g. `distillation.answer_rows`. The frozen target rides in the
 frozen inputs of the jitted step (`frozen`: its serving form under "target"), `with_features` runs it over the batch
 and adds what the shard path stores (`features.py`: the head's input features, the last hidden state, the argmax),
 and any `train.Task`'s loss and agreement then run unchanged (`task`). So `train.train` trains, checkpoints and

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sage_jax.engine import load_engine
     from sage_jax.io import lm_checkpoint, loader
-    from sage_jax.training import online, pipeline, train
+    from sage_jax.training import distillation, online, train
     from sage_jax.training.self_prompts import sample as self_prompts
 
     end = T0 + args.seconds
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr:
         tc = dataclasses.replace(tc, lr=args.lr)
     lm_t = engine.target_lm
-    rows = pipeline.answer_rows(c, engine.tokenizer, lm_t.cfg.pad_token_id)
+    rows = distillation.answer_rows(c, engine.tokenizer, lm_t.cfg.pad_token_id)
     order = np.random.default_rng(0).permutation(len(rows["tokens"]))
     held_idx, train_idx = np.sort(order[: args.heldout]), np.sort(order[args.heldout:])
     held = {k: v[held_idx] for k, v in rows.items()}
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         f"length {summary['row_length']}")
     vocab_ids = np.asarray(lm_checkpoint.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
     tcfg = lm_t.cfg
-    hcfg, p0 = pipeline.eagle_init(c, tcfg, lm_t, vocab_ids)
+    hcfg, p0 = distillation.eagle_init(c, tcfg, lm_t, vocab_ids)
     taps = tuple(c.eagle.taps)
     steps = args.steps or tc.steps
     probe_file = os.path.join(os.path.dirname(args.workdir.rstrip("/")), "probe.json")

@@ -291,21 +291,21 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
     if not wordnet.available():
         pytest.skip("wordnet-base not installed")
     from configs.sage import tiny
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
 
     c = tiny.get_config()
     c = dataclasses.replace(c, data=dataclasses.replace(
         c.data, n_train=0, n_heldout=0, n_general=12, n_heldout_general=4, general_templates="extended",
         max_prompt_tokens=160, max_new_tokens=4))
     logs = []
-    tr0, he0 = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    tr0, he0 = distillation.make_data(c, target, None, str(tmp_path), log=logs.append)
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, extra_general_seeds=(1,)))
-    blocks = pipeline._blocks(c)
+    blocks = distillation._blocks(c)
     assert [b[0] for b in blocks] == ["train", "heldout", "train.seed1"]
     texts = [[t for _, t in b[2]] for b in blocks]
     assert texts[2] and not set(texts[2]) & set(texts[0]) and not set(texts[2]) & set(texts[1])
     logs.clear()
-    tr, he = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    tr, he = distillation.make_data(c, target, None, str(tmp_path), log=logs.append)
     assert any("train: reusing" in m for m in logs) and any("train.seed1: " in m and "answers" in m for m in logs)
     assert len(tr["tokens"]) == len(tr0["tokens"]) + len(texts[2]) and len(he["tokens"]) == len(he0["tokens"])
     np.testing.assert_array_equal(tr["tokens"][: len(tr0["tokens"])], tr0["tokens"])
@@ -324,7 +324,7 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     import json
 
     from configs.sage import smollm2_eagle_chat3
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
     from sage_jax.training.answers import training_prompts
 
     cfg, _, tok, _ = smollm2
@@ -335,54 +335,54 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     c = smollm2_eagle_chat3.get_config()
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_train=0, n_general=2,
                                                         extra_general_seeds=(), n_answers=0))
-    own = {t for _, t in pipeline._blocks(c)[0][2]}
+    own = {t for _, t in distillation._blocks(c)[0][2]}
     assert own == {t for _, t in prompts[:2]}  # the recipe's first WordNet prompts are build_datastore's first
-    rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
+    rows = distillation.answer_rows(c, tok, cfg.pad_token_id)
     assert len(rows["tokens"]) == 4
     for r in range(4):
         n, a = rows["lengths"][r], rows["answer_start"][r]
         i = rows["tokens"][r, a] - 100
         assert 2 <= i < 6 and list(rows["tokens"][r, :n]) == lines[i]["prompt"] + lines[i]["answer"]
         assert data.ALL_KINDS[rows["kind"][r]] == prompts[i][0] and np.all(rows["tokens"][r, n:] == cfg.pad_token_id)
-    first5 = pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=5)), tok,
+    first5 = distillation.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=5)), tok,
                                   cfg.pad_token_id)  # a grown file gives a recipe the same rows
     firsts = sorted(int(first5["tokens"][r, first5["answer_start"][r]]) for r in range(len(first5["tokens"])))
     assert firsts == [102, 103, 104]
     with pytest.raises(ValueError, match="holds 6 answers, the recipe reads 7"):
-        pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=7)), tok,
+        distillation.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=7)), tok,
                              cfg.pad_token_id)
     lines[3]["prompt"] = lines[3]["prompt"][:-1]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     with pytest.raises(ValueError, match="differs from build_datastore's training prompts"):
-        pipeline.answer_rows(c, tok, cfg.pad_token_id)
+        distillation.answer_rows(c, tok, cfg.pad_token_id)
     with pytest.raises(ValueError, match="needs training rows"):
         dataclasses.replace(c, data=dataclasses.replace(c.data, answers=""))
 
 
 def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_does_not_fit(target, tmp_path):
     from configs.sage import tiny
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
 
     c = tiny.get_config()
     tcfg = target.cfg
     vocab = np.arange(2, 2 + 40, dtype=np.int32)
     c = dataclasses.replace(c, vocab_size=40)
-    hcfg, p0 = pipeline.eagle_init(c, tcfg, target.serving(), vocab)
+    hcfg, p0 = distillation.eagle_init(c, tcfg, target.serving(), vocab)
     p0 = jax.tree.map(lambda x: np.asarray(x) + 0.5, p0)  # not what a fresh init gives
     path = lm_checkpoint.save_head(str(tmp_path / "head"), hcfg, p0, target_cfg=tcfg, vocab_ids=vocab)
     cont = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, init_from=path))
-    hcfg2, p1 = pipeline.eagle_init(cont, tcfg, target.serving(), vocab)
+    hcfg2, p1 = distillation.eagle_init(cont, tcfg, target.serving(), vocab)
     assert hcfg2 == hcfg
     jax.tree.map(np.testing.assert_array_equal, p1, p0)
     with pytest.raises(ValueError, match="vocabulary differ"):
-        pipeline.eagle_init(cont, tcfg, target.serving(), vocab[::-1])
+        distillation.eagle_init(cont, tcfg, target.serving(), vocab[::-1])
     with pytest.raises(ValueError, match="taps differ"):
-        pipeline.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
+        distillation.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
                              target.serving(), vocab)
 
     # Gaining an own LM head: warm-started from the target's rows, so the continued head computes what it did.
     own = dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, own_head=True))
-    _, p2 = pipeline.eagle_init(own, tcfg, target.serving(), vocab)
+    _, p2 = distillation.eagle_init(own, tcfg, target.serving(), vocab)
     voc = DraftVocab.build(vocab, target.serving().embed, target.serving().lm_head)
     np.testing.assert_array_equal(p2["lm_head"], voc.head)
     np.testing.assert_array_equal(p2["final_norm"], target.serving().final_norm)
@@ -399,7 +399,7 @@ def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_do
     # ... but dropping one is refused: its training would be lost.
     path2 = lm_checkpoint.save_head(str(tmp_path / "own"), hcfg, p2, target_cfg=tcfg, vocab_ids=vocab)
     with pytest.raises(ValueError, match="own LM head differ"):
-        pipeline.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
+        distillation.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
                              target.serving(), vocab)
 
 

@@ -15,7 +15,7 @@ from sage_jax.engine import Engine, load_engine
 from sage_jax.io import lm_checkpoint
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.causal_lm import CausalLM
-from sage_jax.training import data, features, pipeline, train
+from sage_jax.training import data, distillation, features, train
 from sage_jax.training.recipe import TrainConfig
 
 
@@ -129,7 +129,7 @@ def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_pat
     lm_t = target.serving()
     rng = np.random.default_rng(0)
     n, length = 11, 40
-    lengths = np.sort(rng.integers(6, 30, n)).astype(np.int32)  # sorted, as the pipeline's rows: batches of
+    lengths = np.sort(rng.integers(6, 30, n)).astype(np.int32)  # sorted, as the recipe run's rows: batches of
     lengths[-1] = length  # ... rows up to 32 run at width 32, the last batch at the full 40
     rows = {"tokens": rng.integers(0, 128, (n, length)).astype(np.int32), "lengths": lengths,
             "answer_start": np.full((n,), 4, np.int32), "kind": np.zeros((n,), np.int32)}
@@ -186,11 +186,11 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
         c, kinds=("eagle",),
         eagle=dataclasses.replace(c.eagle, taps=(0, 1), own_head=True, train=dataclasses.replace(
             c.eagle.train, unroll=3, feature_weight=0.0, hard_weight=0.5)))
-    summary = pipeline.run(c, str(tmp_path), progress=False, log=print)
+    summary = distillation.run(c, str(tmp_path), progress=False, log=print)
     e = summary["eagle"]
     assert e["acceptance"][40] > e["acceptance_initial"] + 0.1, e
     assert len(os.listdir(tmp_path / "shards")) >= 2
-    target, _, _ = pipeline.load_target(c)
+    target, _, _ = distillation.load_target(c)
     prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
     ref = Engine(target).generate(prompts, policy="ar", max_new_tokens=16).token_ids
     engine = load_engine(CausalLM(target), e["path"])
@@ -198,7 +198,7 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     out = engine.generate(prompts, policy="sage", max_new_tokens=16)
     assert out.token_ids == ref and out.stats.mean_accepted > 0
     # a point of the acceptance-vs-training curve: the last training checkpoint, exported on its own
-    path = pipeline.export_head(c, str(tmp_path), None, log=print)
+    path = distillation.export_head(c, str(tmp_path), None, log=print)
     assert path.endswith("eagle_head_step40")
     _, exported, ids, meta = lm_checkpoint.load_head(path)
     _, final, ids_final, _ = lm_checkpoint.load_head(e["path"])
@@ -206,7 +206,7 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     assert meta["provenance"]["step"] == 40
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), exported, final)
     with pytest.raises(ValueError, match="no training checkpoint 7"):
-        pipeline.export_head(c, str(tmp_path), 7)
+        distillation.export_head(c, str(tmp_path), 7)
 
 
 def test_corpus_rows_are_chat_rows_without_held_out_text(smollm2):

@@ -7,7 +7,7 @@ bit for bit, because every batch is drawn from (seed, stage, step) alone)::
     WORKDIR/align/ckpt/, WORKDIR/align/losses.json     stage 2: tower + projector under the frozen LM
     WORKDIR/align/evals.json                           held-out accuracy of the greedy answers, per evaluation
     WORKDIR/vlm/                                       the exported model: kind "vlm", language model "default"
-    WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_draft.py`): the head on the VLM's answers
+    WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_head.py`): the head on the VLM's answers
     WORKDIR/vlm/draft/                                 the fine-tuned head (kind "eagle_head"), the VLM's draft
     WORKDIR/loss.png                                   both stages' losses
     WORKDIR/summary.json
@@ -376,14 +376,14 @@ def export(c: VLMRecipe, parts: vlm_model.Parts, params: dict, out: str) -> str:
 
 def export_draft(c: VLMRecipe, parts: vlm_model.Parts, params: dict, workdir: str, *, progress: bool = True,
                  log: Callable[[str], None] = _log) -> str:
-    """The draft stage (`vlm_draft.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
+    """The draft stage (`vlm_head.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
     from sage_jax.io import lm_checkpoint, loader
-    from sage_jax.training import vlm_draft
+    from sage_jax.training import vlm_head
 
     head = loader.default_draft()
     if head is None:
         raise FileNotFoundError("the draft stage fine-tunes the shipped head, which this checkout lacks")
-    head_cfg, trained, vocab_ids, meta = vlm_draft.train_head(c, parts, params, head, workdir, progress=progress,
+    head_cfg, trained, vocab_ids, meta = vlm_head.train_head(c, parts, params, head, workdir, progress=progress,
                                                               log=log)
     return lm_checkpoint.save_head(os.path.join(workdir, "vlm", "draft"), head_cfg, trained, target_cfg=parts.cfg.text,
                            vocab_ids=vocab_ids, dtype="bfloat16", overwrite=True,
