@@ -19,7 +19,7 @@ from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.draft_vocab import DraftVocab, top_ids
 from sage_jax.prompts import EVAL_PROMPTS
-from sage_jax.training import data, rollout, train, wordnet
+from sage_jax.training import data, loop, objectives, rollout, wordnet
 from sage_jax.training.recipe import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -112,15 +112,15 @@ def test_training_time_test_levels_equal_real_chain_drafting(target):
     feeding the head's own features back through its KV cache (what the engine does)."""
     cfg = eagle_head.head_config(target.cfg)
     hp = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle_head.init_params(cfg, 2))
-    fz = train.frozen_target(target.serving())
+    fz = objectives.frozen_target(target.serving())
     b, length, levels = 2, 10, 3
     rng = np.random.default_rng(3)
     batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, length)), jnp.int32),
              "features": jnp.asarray(rng.normal(size=(b, length, cfg.d_model)), jnp.float32),
              "lengths": jnp.full((b,), length, jnp.int32), "answer_start": jnp.full((b,), 2, jnp.int32)}
-    f0, deeper, idx = train.eagle_unrolled(cfg, hp, fz, batch, levels, window=length - 1)
+    f0, deeper, idx = objectives.eagle_unrolled(cfg, hp, fz, batch, levels, window=length - 1)
     np.testing.assert_array_equal(idx, np.broadcast_to(np.arange(1, length), (b, length - 1)))
-    np.testing.assert_allclose(f0, train.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f0, objectives.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
     prev = eagle_head.shift_features(batch["features"])
     slots = jnp.arange(length + levels)
     for t0 in (0, 3, 6):
@@ -191,24 +191,24 @@ def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     tr, he = tiny_data
     cfg = eagle_head.head_config(target.cfg)
     tc = _tc(eval_every=24)
-    task = train.eagle_task(cfg, tc)
-    fz = train.frozen_target(target.serving())
+    task = objectives.eagle_task(cfg, tc)
+    fz = objectives.frozen_target(target.serving())
     p0 = eagle_head.init_params(cfg, 0)
-    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
-    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False, log=print)
+    acc0 = loop.initial_acceptance(task, p0, fz, he, 8)
+    res = loop.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False, log=print)
     print(f"held-out teacher-forced acceptance {acc0:.3f} -> {res.evals}")
     assert res.evals[48] >= acc0 + 0.15, (acc0, res.evals)
     assert res.losses[47] < res.losses[0]
     # Chains: depth 1 is the teacher-forced top-1 at that position; deeper chains accept at most `depth`.
     batch = {k: np.asarray(v[:8]) for k, v in he.items()}
     starts = batch["answer_start"] + 3
-    one = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 1))
-    f_hat = train.eagle_teacher_forced(cfg, res.params, fz, {k: jnp.asarray(v) for k, v in batch.items()})
-    top = np.asarray(jnp.argmax(train._draft_head(cfg, fz, f_hat), -1))
+    one = np.asarray(objectives.chain_acceptance(cfg, res.params, fz, batch, starts, 1))
+    f_hat = objectives.eagle_teacher_forced(cfg, res.params, fz, {k: jnp.asarray(v) for k, v in batch.items()})
+    top = np.asarray(jnp.argmax(objectives._draft_head(cfg, fz, f_hat), -1))
     rows = np.arange(8)
     expect = (top[rows, starts] == batch["tokens"][rows, starts + 1]) & (starts + 1 < batch["lengths"])
     np.testing.assert_array_equal(one, expect.astype(np.int32))
-    deep = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
+    deep = np.asarray(objectives.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
     assert np.all((deep >= one) & (deep <= 4)) and np.all((deep > 0) == (one > 0))
     path = lm_checkpoint.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
     cfg2, p2, ids, meta = lm_checkpoint.load_head(path)
@@ -221,13 +221,13 @@ def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
     ids = top_ids([r[:n] for r, n in zip(tr["tokens"], tr["lengths"], strict=True)], 48, 128, always=(1,))
     cfg = eagle_head.head_config(target.cfg)
     tc = _tc(steps=12, ckpt_every=4, eval_every=0, head_window=41)
-    task = train.eagle_task(cfg, tc)
-    fz = train.frozen_target(target.serving(), ids)
+    task = objectives.eagle_task(cfg, tc)
+    fz = objectives.frozen_target(target.serving(), ids)
     p0 = eagle_head.init_params(cfg, 0)
-    whole = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "a"), progress=False)
-    first = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), stop_at=6, progress=False)
+    whole = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "a"), progress=False)
+    first = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), stop_at=6, progress=False)
     assert sorted(first.losses) == list(range(6))
-    rest = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
+    rest = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
     assert sorted(rest.losses) == list(range(6, 12))
     for s in range(12):
         got = first.losses[s] if s < 6 else rest.losses[s]
@@ -240,11 +240,11 @@ def test_lm_draft_distillation_step(target, tiny_data, tmp_path):
     dcfg = target.cfg.replace(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=32,
                               tie_embeddings=True)
     tc = _tc(steps=24, eval_every=24, feature_weight=0.0)
-    task = train.lm_task(dcfg, tc)
-    fz = train.frozen_target(target.serving())
+    task = objectives.lm_task(dcfg, tc)
+    fz = objectives.frozen_target(target.serving())
     p0 = Decoder(dcfg, rngs=nnx.Rngs(0)).params()
-    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
-    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False)
+    acc0 = loop.initial_acceptance(task, p0, fz, he, 8)
+    res = loop.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False)
     assert res.losses[23] < res.losses[0] and res.evals[24] > acc0
 
 

@@ -14,7 +14,7 @@ from pgla_jax.data import FASHION_MNIST_DIR
 from sage_jax.models.config import LMConfig, RopeConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.siglip import SiglipConfig
-from sage_jax.training import vlm_data, vlm_model, vlm_stages
+from sage_jax.training import loop, vlm_data, vlm_model, vlm_stages
 from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
 
 needs_fashion = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist missing")
@@ -150,10 +150,10 @@ def test_stages_resume_bit_for_bit(tok, tmp_path):
     p0 = vlm_stages.init_params(cfg, 0)
 
     def align(workdir, stop_at=None):
-        return vlm_stages.run_stage(
+        return loop.stage(
             "align", c.align, p0, lambda p, lm, b: vlm_stages.align_loss(cfg, p, lm, b),
             lambda s: vlm_stages.align_batch(c, parts.data, prompts, s, c.align.batch_size), str(workdir),
-            frozen=parts.lm_serving, stop_at=stop_at, progress=False)
+            frozen=parts.lm_serving, stop_at=stop_at, progress=False).params
 
     straight = align(tmp_path / "a")
     align(tmp_path / "b", stop_at=2)
