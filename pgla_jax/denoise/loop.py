@@ -68,6 +68,10 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
     config differs there is refused). `max_steps`: stop after this many steps of the run (its schedule unchanged).
     `extend`: the saved state may come from the same config with fewer steps (config field `steps_field`);
     training goes on from it towards `steps` (`train`)."""
+    state_dir = os.path.join(os.path.abspath(workdir), state)
+    if os.path.isfile(os.path.join(state_dir, checkpoint.METADATA_FILE)):
+        raise ValueError(f"{state_dir} holds a training state of the layout before Orbax's CheckpointManager; use a "
+                         f"new --workdir")
     codec: GradientCodec = denoiser_checkpoint.make_codec(cfg)
     src, size = gradients.source(data_dir)
     if size != codec.size:
@@ -75,7 +79,6 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
     mesh = sharding.make_mesh(data=-1) if mesh is None else mesh
     if cfg.batch_size % mesh.shape["data"]:
         raise ValueError(f"batch size {cfg.batch_size} is not a multiple of the {mesh.shape['data']} data shards")
-    state_dir = os.path.join(os.path.abspath(workdir), state)
     mngr = _manager(state_dir)
     n = len(src)
     encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
