@@ -1,7 +1,8 @@
 """`python -m pgla_jax.train_denoiser`: build the clean surrogate-gradient data set, then train the gradient diffusion
-model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, WORKDIR/state/, the final
-checkpoint WORKDIR/denoiser/, the DnCNN baseline WORKDIR/dncnn/ and the Gaussian prior WORKDIR/prior/; then
-`python -m pgla_jax.attack --denoiser WORKDIR/denoiser`.
+model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, the training state WORKDIR/state/
+(`pgla_jax/denoise/loop.py`), the final checkpoint WORKDIR/denoiser/, the DnCNN baseline WORKDIR/dncnn/ (its state
+in WORKDIR/dncnn_state/) and the Gaussian prior WORKDIR/prior/; then `python -m pgla_jax.attack --denoiser
+WORKDIR/denoiser`.
 
 Data-parallel over every device present (`--mesh data=-1`, the default: each batch is cut over the mesh's `data`
 axis), on one host or on every host of a multi-host job: run the same command on each host, with WORKDIR one
@@ -90,7 +91,7 @@ def _main(argv) -> int:
     from tqdm import tqdm
 
     from configs import sharding
-    from pgla_jax.denoise import dncnn, gradients, train
+    from pgla_jax.denoise import dncnn, gradients, loop
 
     sharding.initialize_distributed()  # a multi-host job: before anything touches a device
     mesh = cli.make_mesh(args.mesh)
@@ -102,24 +103,26 @@ def _main(argv) -> int:
         out = None
         if not args.prior_only:
             stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
-            start = min(train.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
+            start = min(loop.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
             with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr, disable=quiet) as bar:
 
                 def progress(loss):
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4f}")
 
-                out = train.train(cfg, data_dir, args.workdir, progress=progress, mesh=mesh, max_steps=args.max_steps,
+                out = loop.train(cfg, data_dir, args.workdir, progress=progress, mesh=mesh, max_steps=args.max_steps,
                                   extend=args.extend)
             # Process 0 decides: every host must run the baseline's steps (and its checkpoint save) or none.
             if cfg.dncnn_steps and not sharding.from_primary(os.path.isdir(os.path.join(args.workdir, "dncnn"))):
-                with tqdm(total=cfg.dncnn_steps, desc="DnCNN baseline", file=sys.stderr, disable=quiet) as bar:
+                start = min(loop.saved_step(args.workdir, dncnn.STATE), cfg.dncnn_steps)
+                with tqdm(total=cfg.dncnn_steps, initial=start, desc="DnCNN baseline", file=sys.stderr,
+                          disable=quiet) as bar:
 
                     def progress_dncnn(loss):
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.4f}")
 
-                    dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn)
+                    dncnn.train(cfg, data_dir, args.workdir, progress=progress_dncnn, mesh=mesh)
         prior_dir = os.path.join(args.workdir, "prior")
         # Like the baseline: every host fits (deterministic, seconds to minutes) and saves together, or none does.
         if cfg.prior_rank and not sharding.from_primary(os.path.isdir(prior_dir)):

@@ -2,7 +2,7 @@
 
 Builds self-distillation data with the target and trains the drafts of a recipe (`configs/sage/<name>.py`, or any
 .py file whose `get_config([ARG])` returns the ConfigDict of a `sage_jax.training.recipe.DraftRecipe`, kind "draft";
-an EAGLE head and/or a small LM); see `sage_jax/training/pipeline.py` for the work-directory layout. Rerunning
+an EAGLE head and/or a small LM); see `sage_jax/training/distillation.py` for the work-directory layout. Rerunning
 resumes. Bad input: one line `error: ...` on stderr, exit code 2.
 """
 
@@ -34,7 +34,7 @@ def _main(argv: list[str] | None) -> int:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
     from sage_jax.io.loader import cache_dir
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
 
     cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
     if args.export_step is not None:
@@ -42,10 +42,10 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput(f"--export-step takes a step number or 'latest', got {args.export_step!r}")
         step = None if args.export_step == "latest" else int(args.export_step)
         with cli.reported(ValueError, FileNotFoundError):
-            print(json.dumps({"path": pipeline.export_head(recipe, workdir, step)}))
+            print(json.dumps({"path": distillation.export_head(recipe, workdir, step)}))
         return 0
     with cli.reported(ValueError, FileNotFoundError):  # e.g. a target path that does not exist
-        summary = pipeline.run(recipe, workdir, progress=not args.no_progress)
+        summary = distillation.run(recipe, workdir, progress=not args.no_progress)
     print(json.dumps(summary, default=str))
     return 0
 

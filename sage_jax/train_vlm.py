@@ -3,7 +3,7 @@
 Trains the home-trained vision-language model of a recipe (`configs/sage/<name>.py`, or any .py file whose
 `get_config()` returns the ConfigDict of a `sage_jax.training.vlm_recipe.VLMRecipe`, kind "vlm"): a LLaVA-OneVision
 tower and projector around the shipped SmolLM2-135M-Instruct, on images that ship offline
-(`sage_jax/training/vlm_train.py` for the stages and the work-directory layout). Rerunning resumes. Writes
+(`sage_jax/training/vlm_stages.py` for the stages and the work-directory layout). Rerunning resumes. Writes
 WORKDIR/vlm (load it with `--target WORKDIR/vlm`), WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line
 `error: ...` on stderr, exit code 2.
 """
@@ -42,11 +42,11 @@ def _main(argv: list[str] | None) -> int:
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
     from sage_jax.io.loader import cache_dir
-    from sage_jax.training import vlm_train
+    from sage_jax.training import vlm_stages
 
     cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
     with cli.reported(ValueError, FileNotFoundError):
-        summary = vlm_train.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
+        summary = vlm_stages.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
     print(json.dumps(summary, default=str))
     return 0
 

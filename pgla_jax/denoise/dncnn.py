@@ -16,9 +16,11 @@ from jaxtyping import Array, Float
 
 from configs import sharding
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import denoiser_checkpoint, gradients
+from pgla_jax.denoise import denoiser_checkpoint
 
 KIND = "pgla-dncnn"
+#: Its training state, in the work directory (`loop.run`).
+STATE = "dncnn_state"
 SIGMA_RANGE = (1e-4, 0.3)  # log-uniform training noise std: the paper calibration's range and a bit beyond
 
 
@@ -41,41 +43,40 @@ class DnCNN(nnx.Module):
         return y - self.noise(y)
 
 
-def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable | None = None) -> str:
-    """Trains the DnCNN for `cfg.dncnn_steps` steps; writes and returns `workdir/dncnn`."""
-    codec = denoiser_checkpoint.make_codec(cfg)
-    src, _ = gradients.source(data_dir)
-    model = DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(cfg.seed))
-    graphdef, params = nnx.split(model, nnx.Param)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(optax.cosine_decay_schedule(1e-3, cfg.dncnn_steps,
-                                                                                             0.1)))
-    opt_state = opt.init(params)
-    mask = codec.mask()[None]  # [1, H, W, 1]: the real (unpadded) entries of every example
+def optimizer(cfg: DenoiserConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adam(optax.cosine_decay_schedule(1e-3, cfg.dncnn_steps, 0.1)))
+
+
+def loss_fn(graphdef, params, x0, mask, key):
+    """The noise's squared error relative to σ² (floored at 0.01², below which the noise is negligible for every
+    metric here), so that the large-noise examples do not drown the small-noise ones nor the tiniest ones everything
+    else; σ log-uniform on `SIGMA_RANGE` per example."""
+    k1, k2 = jax.random.split(key)
     lo, hi = np.log(SIGMA_RANGE[0]), np.log(SIGMA_RANGE[1])
+    sigma = jnp.exp(jax.random.uniform(k1, (x0.shape[0], 1, 1, 1), minval=lo, maxval=hi))
+    noise = sigma * jax.random.normal(k2, x0.shape)
+    err = (nnx.merge(graphdef, params).noise(x0 + noise) - noise) ** 2 / (sigma**2 + 1e-4)
+    return (err * mask).sum() / (mask.sum() * x0.shape[0])
 
-    @jax.jit
-    def step(params, opt_state, x0, i):
-        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed + 1), i))
-        sigma = jnp.exp(jax.random.uniform(k1, (x0.shape[0], 1, 1, 1), minval=lo, maxval=hi))
-        noise = sigma * jax.random.normal(k2, x0.shape)
 
-        def loss(p):
-            # Relative to σ² (floored at 0.01², below which the noise is negligible for every metric here), so that
-            # the large-noise examples do not drown the small-noise ones nor the tiniest ones everything else.
-            err = (nnx.merge(graphdef, p).noise(x0 + noise) - noise) ** 2 / (sigma**2 + 1e-4)
-            return (err * mask).sum() / (mask.sum() * x0.shape[0])
+def _fields(cfg: DenoiserConfig) -> tuple:
+    # What the DnCNN's training state depends on: its data, codec, batches and seed, and its own fields.
+    return (cfg.gradients, cfg.layout, cfg.side, cfg.unet.multiple, cfg.batch_size, cfg.seed, cfg.dncnn_depth,
+            cfg.dncnn_width, cfg.dncnn_steps)
 
-        value, g = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(g, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
 
-    encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
-    n = len(src)
-    for i in range(cfg.dncnn_steps):
-        idx = gradients.batch_indices(i, cfg.batch_size, n, cfg.seed + 1)
-        x0 = encode(jnp.asarray(np.stack([src[int(j)] for j in idx])))
-        params, opt_state, value = step(params, opt_state, x0, i)
-        progress and progress(float(value))
+def train(cfg: DenoiserConfig, data_dir: str, workdir: str, progress: Callable | None = None, *, mesh=None,
+          log: Callable | None = None, max_steps: int | None = None) -> str:
+    """Trains (or resumes from WORKDIR/dncnn_state, `loop.run`) the DnCNN for `cfg.dncnn_steps` steps (or stops
+    after `max_steps`); writes and returns `workdir/dncnn`."""
+    from pgla_jax.denoise import loop  # the training loop's data and checkpoint imports, only to train
+
+    graphdef, params = nnx.split(DnCNN(cfg.dncnn_depth, cfg.dncnn_width, rngs=nnx.Rngs(cfg.seed)), nnx.Param)
+    mask = denoiser_checkpoint.make_codec(cfg).mask()[None]  # [1, H, W, 1]: the real (unpadded) entries
+    params, _, _ = loop.run(cfg, data_dir, workdir, params, lambda p, x0, key: loss_fn(graphdef, p, x0, mask, key),
+                            optimizer(cfg), state=STATE, seed=cfg.seed + 1, steps=cfg.dncnn_steps, fields=_fields,
+                            mesh=mesh, progress=progress, log=log, max_steps=max_steps)
     out = os.path.join(workdir, "dncnn")
     denoiser_checkpoint.save(out, denoiser_checkpoint.to_pure(params), cfg, kind=KIND, overwrite=True)
     return out

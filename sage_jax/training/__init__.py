@@ -1,9 +1,20 @@
-"""Training drafts for speculative decoding by self-distillation from the target (`python -m sage_jax.train_draft`).
+"""Training drafts for speculative decoding by self-distillation from the target (`python -m sage_jax.train_draft`),
+and the home-trained VLM (`python -m sage_jax.train_vlm`).
 
-    recipe    the frozen configs of a recipe (`configs/sage/*.py`)
-    data      offline prompts (Python sources and docs) and the dataset arrays, served through grain
-    wordnet   chat-style prompts about WordNet topics
-    rollout   the target's batched greedy answers with its features (one compiled decode)
-    train     losses, training-time test, resumable Orbax training of an EAGLE-style head or a small LM
-    pipeline  the whole recipe: target -> data -> drafts -> checkpoints
+    recipe        the frozen configs of a draft recipe (`configs/sage/*.py`)
+    data          offline prompts (Python sources and docs) and the dataset arrays, served through grain
+    wordnet       chat-style prompts about WordNet topics
+    self_prompts  chat prompts the target writes itself
+    answers       the target's answers to training prompts (answers.jsonl)
+    rollout       the target's batched greedy answers with its features (one compiled decode)
+    features      the target's teacher-forced features in array_record shards
+    online        the target's features computed inside the training step
+    objectives    the distillation losses (EAGLE head, training-time test, LM draft), agreement, chain acceptance
+    loop          the one training loop (Orbax checkpoints, exact resume, deadline), and draft distillation on it
+    distillation  the whole draft recipe: target -> data -> drafts -> checkpoints
+    vlm_recipe    the frozen config of the home-trained VLM
+    vlm_data      its image question / answer data
+    vlm_model     its pieces around the weights (config, tokenizer, pixels)
+    vlm_stages    its tower and align stages, evaluation and export
+    vlm_head      its draft: the shipped head fine-tuned on the VLM's answers
 """

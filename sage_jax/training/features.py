@@ -3,7 +3,7 @@
 Teacher forcing costs one parallel target forward per token (no decode loop), so any token sequence is training
 data for a draft: the target's own greedy answers (`rollout.py`, tokens only) and offline corpus text placed in
 the assistant turn of a chat (`corpus_rows`). The labels are the target's distributions at every position, so the
-text need not be the target's; where it is not, `train.chain_valid` keeps the deeper training-time-test levels to
+text need not be the target's; where it is not, `objectives.chain_valid` keeps the deeper training-time-test levels to
 the chains a tree would have accepted, using the stored argmax `top`.
 
 One record per row (a sequence right-padded to the block's length T), written by `write_shards` as an uncompressed

@@ -2,10 +2,10 @@
 
 On an accelerator one target forward over a batch costs less than reading its cached features back (a SmolLM2-135M
 row of 256 tokens holds 0.6 MB of float32 features), so a row needs only its tokens: `data.py`'s layout without
-`features` (tokens, lengths, answer_start, kind), e.g. `pipeline.answer_rows`. The frozen target rides in the
+`features` (tokens, lengths, answer_start, kind), e.g. `distillation.answer_rows`. The frozen target rides in the
 frozen inputs of the jitted step (`frozen`: its serving form under "target"), `with_features` runs it over the batch
 and adds what the shard path stores (`features.py`: the head's input features, the last hidden state, the argmax),
-and any `train.Task`'s loss and agreement then run unchanged (`task`). So `train.train` trains, checkpoints and
+and any `objectives.Task`'s loss and agreement then run unchanged (`task`). So `loop.train` trains, checkpoints and
 resumes exactly as on cached features; only the data are never written to disk.
 """
 
@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, Int
 
 from sage_jax.models import layers
 from sage_jax.models.serving_lm import LM
-from sage_jax.training import train
+from sage_jax.training import objectives
 
 
 def target_features(model: LM, tokens: Int[Array, "B T"], taps: tuple[int, ...] = ()
@@ -34,8 +34,8 @@ def target_features(model: LM, tokens: Int[Array, "B T"], taps: tuple[int, ...] 
 
 
 def frozen(target: LM, vocab_ids=None) -> dict:
-    """`train.frozen_target` plus the whole target (serving form) under "target", for `with_features`."""
-    return {**train.frozen_target(target, vocab_ids), "target": target}
+    """`objectives.frozen_target` plus the whole target (serving form) under "target", for `with_features`."""
+    return {**objectives.frozen_target(target, vocab_ids), "target": target}
 
 
 def with_features(fz: dict, batch: dict, taps: tuple[int, ...] = ()) -> dict:
@@ -45,7 +45,7 @@ def with_features(fz: dict, batch: dict, taps: tuple[int, ...] = ()) -> dict:
     return {**batch, "features": feats, "hidden": hidden, "top": top}
 
 
-def task(inner: train.Task, taps: tuple[int, ...] = ()) -> train.Task:
+def task(inner: objectives.Task, taps: tuple[int, ...] = ()) -> objectives.Task:
     """`inner` on rows without features: its loss and agreement see the target's, computed in the step."""
-    return train.Task(inner.name, lambda p, f, b: inner.loss(p, f, with_features(f, b, taps)),
+    return objectives.Task(inner.name, lambda p, f, b: inner.loss(p, f, with_features(f, b, taps)),
                       lambda p, f, b: inner.agreement(p, f, with_features(f, b, taps)))

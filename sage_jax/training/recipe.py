@@ -58,7 +58,7 @@ class DataConfig:
     max_prompt_tokens: int = 32  # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
     corpus_rows: int = 0  # + this many teacher-forced rows of corpus text in the assistant turn (`features.py`)
     # An answers.jsonl of `python -m sage_jax.build_datastore`: the target's greedy answers to its training prompts
-    # become teacher-forced rows (`pipeline.answer_rows`; those whose prompt is one of the recipe's own dropped).
+    # become teacher-forced rows (`distillation.answer_rows`; those whose prompt is one of the recipe's own dropped).
     answers: str = ""
     n_answers: int = 0  # its first this many answers (0: all), so a recipe reads the same rows from a grown file
     # False: the recipe's training prompts are not answered (a head continued by `eagle.init_from` already learned

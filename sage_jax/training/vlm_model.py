@@ -8,7 +8,7 @@
   template is SmolLM2's, extended to content lists (`{"type": "image"}` writes `<image>\\n` before the text).
 - **Image processor**: transformers' `LlavaOnevisionImageProcessorPil` at 28x28 with the single pinpoint
   (28, 28); `pixels` is the same computation for images already 28x28 (asserted against the processor in
-  `tests/sage_jax/training/test_vlm_train.py`), used by training.
+  `tests/sage_jax/training/test_vlm_stages.py`), used by training.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The frozen config of a home-trained VLM (`python -m sage_jax.train_vlm --config ...`): a LLaVA-OneVision whose
 language model is the shipped SmolLM2-135M-Instruct, frozen, and whose SigLIP-style tower and projector are trained
-here in two stages (`sage_jax/training/vlm_train.py`):
+here in two stages (`sage_jax/training/vlm_stages.py`):
 
 1. **tower**: the tower alone, as an image classifier over every source's classes (a mean-pooled linear probe,
    thrown away afterwards): cheap, and it gives the tower features that already separate the classes;
@@ -10,7 +10,7 @@ here in two stages (`sage_jax/training/vlm_train.py`):
 2. **align**: tower (at a lower rate), projector and `image_newline` under the frozen language model's
    cross-entropy on the answers of the image question / answer pairs (`vlm_data.py`);
 3. **draft** (when `draft` is set): the shipped EAGLE-style text head fine-tuned on the VLM's own greedy answers
-   to `draft_rows` training images (`vlm_draft.py`), so that the pair speculates on image prompts.
+   to `draft_rows` training images (`vlm_head.py`), so that the pair speculates on image prompts.
 
 A recipe file in `configs/sage/` returns its data from `get_config()`: an `ml_collections.ConfigDict` with
 ``kind = "vlm"`` whose fields are `VLMRecipe`'s (`vision` those of `sage_jax.models.siglip.SiglipConfig`), validated

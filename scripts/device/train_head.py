@@ -87,7 +87,7 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
     from sage_jax.models import eagle_head
     from sage_jax.models.config import LMConfig
     from sage_jax.models.decoder import Decoder
-    from sage_jax.training import online, train
+    from sage_jax.training import loop, objectives, online
     from sage_jax.training.recipe import DraftRecipe
 
     log(f"jax {jax.__version__}, devices {jax.devices()}")
@@ -114,9 +114,9 @@ def probe(out: str, workdir: str, log, *, decode_batch: int = 512, batch_size: i
     rows = {"tokens": rng.integers(1, cfg.vocab_size, (n, length)).astype(np.int32),
             "lengths": rng.integers(160, length + 1, n).astype(np.int32),
             "answer_start": rng.integers(40, 100, n).astype(np.int32), "kind": np.zeros((n,), np.int32)}
-    task = online.task(train.eagle_task(hcfg, tc))
+    task = online.task(objectives.eagle_task(hcfg, tc))
     fz = online.frozen(lm_t, vocab)
-    r = train.train(task, p0, fz, rows, rows, tc, os.path.join(workdir, "probe_eagle"), progress=False, log=log)
+    r = loop.train(task, p0, fz, rows, rows, tc, os.path.join(workdir, "probe_eagle"), progress=False, log=log)
     first, steady = r.first_step_seconds, r.step_seconds
     log(f"train: first step {first:.1f}s (compile); {steady * 1000:.1f} ms/step of {tc.batch_size} rows x {length}")
     res.update(train_compile_s=first, train_step_s=steady, batch_size=tc.batch_size, row_length=length)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     from configs import cli
     from sage_jax.engine import load_engine
     from sage_jax.io import lm_checkpoint, loader
-    from sage_jax.training import online, pipeline, train
+    from sage_jax.training import distillation, loop, objectives, online
     from sage_jax.training.recipe import DraftRecipe
     from sage_jax.training.self_prompts import sample as self_prompts
 
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.lr:
         tc = dataclasses.replace(tc, lr=args.lr)
     lm_t = engine.target_lm
-    rows = pipeline.answer_rows(c, engine.tokenizer, lm_t.cfg.pad_token_id)
+    rows = distillation.answer_rows(c, engine.tokenizer, lm_t.cfg.pad_token_id)
     order = np.random.default_rng(0).permutation(len(rows["tokens"]))
     held_idx, train_idx = np.sort(order[: args.heldout]), np.sort(order[args.heldout:])
     held = {k: v[held_idx] for k, v in rows.items()}
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"length {summary['row_length']}")
     vocab_ids = np.asarray(lm_checkpoint.load_head(c.eagle.init_from, dtype=None)[2], np.int32)
     tcfg = lm_t.cfg
-    hcfg, p0 = pipeline.eagle_init(c, tcfg, lm_t, vocab_ids)
+    hcfg, p0 = distillation.eagle_init(c, tcfg, lm_t, vocab_ids)
     taps = tuple(c.eagle.taps)
     steps = args.steps or tc.steps
     probe_file = os.path.join(os.path.dirname(args.workdir.rstrip("/")), "probe.json")
@@ -278,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         steps = max(100, min(steps, fit))
     tc = dataclasses.replace(tc, steps=steps, eval_every=max(steps // 4, 1), ckpt_every=max(steps // 8, 1))
     summary["train"] = dataclasses.asdict(tc)
-    task = online.task(train.eagle_task(hcfg, tc), taps)
+    task = online.task(objectives.eagle_task(hcfg, tc), taps)
     fz = online.frozen(lm_t, vocab_ids)
-    acc0 = train.initial_acceptance(task, p0, fz, held, tc.batch_size)
+    acc0 = loop.initial_acceptance(task, p0, fz, held, tc.batch_size)
     log(f"held-out teacher-forced top-1 before training: {acc0:.4f}")
     summary["acceptance_initial"] = acc0
     save_summary()
-    res = train.train(task, p0, fz, rows, held, tc, os.path.join(args.workdir, "eagle"), progress=False, log=log,
+    res = loop.train(task, p0, fz, rows, held, tc, os.path.join(args.workdir, "eagle"), progress=False, log=log,
                       deadline=end - args.reserve)
     summary.update(steps_done=res.step, acceptance=res.evals, train_seconds=round(res.seconds, 1),
                    last_losses={k: res.losses[k] for k in sorted(res.losses)[-5:]})
@@ -307,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in zip(hf, out, strict=True):
                 hf[k].append(np.asarray(v))
         held_f = {**held, **{k: np.concatenate(v) for k, v in hf.items()}}
-        fzh = train.frozen_target(lm_t, vocab_ids)
+        fzh = objectives.frozen_target(lm_t, vocab_ids)
         for name, params in (("initial", p0), ("trained", res.params)):
-            tau = train.mean_chain_acceptance(hcfg, params, fzh, held_f, depth=c.eagle.chain_depth,
+            tau = objectives.mean_chain_acceptance(hcfg, params, fzh, held_f, depth=c.eagle.chain_depth,
                                               batch_size=min(16, len(held_idx)))
             summary[f"chain{c.eagle.chain_depth}_tau_{name}"] = tau
             log(f"held-out greedy chain of {c.eagle.chain_depth}, {name} head: τ {tau:.3f}")

@@ -109,6 +109,22 @@ def _restored(path: str) -> dict:
     return jax.tree.map(np.asarray, checkpoint.restore(path))
 
 
+def _training_state(workdir: str) -> dict:
+    """The latest training state of the denoiser's loop in WORKDIR/state (an Orbax `CheckpointManager` folder), on
+    this process's first device."""
+    import orbax.checkpoint as ocp
+
+    from pgla_jax.denoise import loop
+
+    path = os.path.join(workdir, loop.STATE, str(loop.saved_step(workdir)), "state")
+    ckptr = ocp.StandardCheckpointer()
+    md = ckptr.metadata(path)
+    md = getattr(getattr(md, "item_metadata", md), "tree", md)
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md)
+    return jax.tree.map(np.asarray, ckptr.restore(path, abstract))
+
+
 def test_two_processes_give_what_one_gives(inputs):
     """2 processes x 2 CPU devices against 1 process x 4, both started as a user would start them (fresh
     processes, `initialize_distributed` from the environment), all three at once."""
@@ -138,13 +154,13 @@ def test_two_processes_give_what_one_gives(inputs):
 
     # PGLA: the training command's checkpoints (written by both processes into one folder) hold the same weights:
     # the denoiser (EMA; rewritten by the resumed run from the state it restored), the training state after one step.
-    for sub in ("denoiser", "state"):
-        a, b = _restored(str(inputs["root"] / "one" / "work" / sub)), _restored(str(inputs["root"] / "two" / "work"
-                                                                                    / sub))
+    work = {name: str(inputs["root"] / name / "work") for name in ("one", "two")}
+    for sub, read in (("denoiser", lambda w: _restored(os.path.join(w, "denoiser"))), ("state", _training_state)):
+        a, b = read(work["one"]), read(work["two"])
         assert jax.tree.structure(a) == jax.tree.structure(b), sub
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
             np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-7, err_msg=sub)
-    assert int(_restored(str(inputs["root"] / "two" / "work" / "state"))["step"]) == 1
+    assert int(_training_state(work["two"])["step"]) == 1
     printed = [p["pgla"]["printed"] for p in (ref, p0, p1)]
     assert all(line.startswith("denoiser checkpoint: ") for line in printed[0] + printed[1])
     assert printed[2] == ["", ""]  # only process 0 prints

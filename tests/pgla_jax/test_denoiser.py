@@ -147,32 +147,32 @@ def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """The tiny config's data set, a 1-device mesh, and its uninterrupted 4-step run's losses."""
-    from pgla_jax.denoise import train
+    from pgla_jax.denoise import loop
 
     root = tmp_path_factory.mktemp("train")
     cfg = DenoiserConfig.from_config(denoiser_tiny.get_config())
     data, mesh = str(root / "gradients"), sharding.make_mesh(data=1, devices=jax.devices()[:1])
     gradients.build(cfg.gradients, data)
     full = []
-    train.train(cfg, data, str(root / "full"), progress=full.append, mesh=mesh)
+    loop.train(cfg, data, str(root / "full"), progress=full.append, mesh=mesh)
     return cfg, data, mesh, root, full
 
 
 def test_training_resumes_exactly(tiny_run):
     """A run stopped at step 2 and resumed gives the uninterrupted run's losses; a longer schedule needs --extend."""
-    from pgla_jax.denoise import train
+    from pgla_jax.denoise import loop
 
     cfg, data, mesh, root, full = tiny_run
     parts = []
-    assert train.saved_step(str(root / "parts")) == 0
-    train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
-    assert train.saved_step(str(root / "parts")) == 2  # where the CLI's progress bar starts on resume
-    train.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh)
+    assert loop.saved_step(str(root / "parts")) == 0
+    loop.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh, max_steps=2)
+    assert loop.saved_step(str(root / "parts")) == 2  # where the CLI's progress bar starts on resume
+    loop.train(cfg, data, str(root / "parts"), progress=parts.append, mesh=mesh)
     assert len(full) == 4 and parts == full
     with pytest.raises(ValueError, match="another config.*--extend"):
-        train.train(dataclasses.replace(cfg, steps=6), data, str(root / "parts"), mesh=mesh)
+        loop.train(dataclasses.replace(cfg, steps=6), data, str(root / "parts"), mesh=mesh)
     with pytest.raises(ValueError, match="needs --steps above"):
-        train.train(dataclasses.replace(cfg, steps=3), data, str(root / "parts"), mesh=mesh, extend=True)
+        loop.train(dataclasses.replace(cfg, steps=3), data, str(root / "parts"), mesh=mesh, extend=True)
 
 
 def test_dncnn_trains_and_is_loaded_beside_the_unet(tiny_run):
@@ -180,9 +180,9 @@ def test_dncnn_trains_and_is_loaded_beside_the_unet(tiny_run):
     checkpoint in the sibling folder of the U-Net's."""
     from pgla_jax.denoise import dncnn
 
-    cfg, data_dir, _, root, _ = tiny_run
+    cfg, data_dir, mesh, root, _ = tiny_run
     losses = []
-    out = dncnn.train(cfg, data_dir, str(root / "full"), progress=losses.append)
+    out = dncnn.train(cfg, data_dir, str(root / "full"), progress=losses.append, mesh=mesh)
     assert out == str(root / "full" / "dncnn") and len(losses) == cfg.dncnn_steps and np.all(np.isfinite(losses))
     graphdef, params = split_victim(cfg.gradients.victim)
     dens = denoisers.load(str(root / "full" / "denoiser"), codec.make_codec(params, "image2d", 4))
@@ -194,6 +194,22 @@ def test_dncnn_trains_and_is_loaded_beside_the_unet(tiny_run):
     g_hat, t_star = dens.run("dncnn", g_sent, plan, jax.random.key(1))
     assert t_star is None and jax.tree.structure(g_hat) == jax.tree.structure(g_sent)
     assert 0.0 < float(metrics.grad_rel_l2(g_hat, g_sent)) and np.isfinite(float(metrics.grad_rel_l2(g_hat, g_sent)))
+
+
+def test_dncnn_resumes_exactly(tiny_run):
+    """The DnCNN trains on the U-Net's loop: stopped after its first step and rerun, it resumes from its state with the
+    uninterrupted run's losses and weights."""
+    from pgla_jax.denoise import dncnn
+
+    cfg, data_dir, mesh, root, _ = tiny_run
+    whole, parts = [], []
+    dncnn.train(cfg, data_dir, str(root / "dncnn_whole"), progress=whole.append, mesh=mesh)
+    dncnn.train(cfg, data_dir, str(root / "dncnn_parts"), progress=parts.append, mesh=mesh, max_steps=1)
+    assert len(parts) == 1
+    dncnn.train(cfg, data_dir, str(root / "dncnn_parts"), progress=parts.append, mesh=mesh)
+    assert len(whole) == cfg.dncnn_steps == 2 and parts == whole
+    a, b = (denoiser_checkpoint.load(str(root / d / "dncnn"), dncnn.KIND)[0] for d in ("dncnn_whole", "dncnn_parts"))
+    assert _leaves_equal(a, b)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,11 +282,11 @@ def test_shipped_denoiser_cleans_a_real_protected_gradient(lenet, protected_digi
 
 @pytest.mark.slow
 def test_training_extends_to_more_steps(tiny_run):
-    from pgla_jax.denoise import train
+    from pgla_jax.denoise import loop
 
     cfg, data, mesh, root, _ = tiny_run
     more = []
-    out = train.train(dataclasses.replace(cfg, steps=6), data, str(root / "full"), progress=more.append, mesh=mesh,
+    out = loop.train(dataclasses.replace(cfg, steps=6), data, str(root / "full"), progress=more.append, mesh=mesh,
                       extend=True)
     assert len(more) == 2 and all(np.isfinite(more))
     assert denoiser_checkpoint.load(out)[2]["provenance"]["steps"] == 6

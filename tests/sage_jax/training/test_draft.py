@@ -19,7 +19,7 @@ from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.draft_vocab import DraftVocab, top_ids
 from sage_jax.prompts import EVAL_PROMPTS
-from sage_jax.training import data, rollout, train, wordnet
+from sage_jax.training import data, loop, objectives, rollout, wordnet
 from sage_jax.training.recipe import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -112,15 +112,15 @@ def test_training_time_test_levels_equal_real_chain_drafting(target):
     feeding the head's own features back through its KV cache (what the engine does)."""
     cfg = eagle_head.head_config(target.cfg)
     hp = jax.tree.map(lambda x: x * 4.0 if x.ndim > 1 else x, eagle_head.init_params(cfg, 2))
-    fz = train.frozen_target(target.serving())
+    fz = objectives.frozen_target(target.serving())
     b, length, levels = 2, 10, 3
     rng = np.random.default_rng(3)
     batch = {"tokens": jnp.asarray(rng.integers(0, cfg.vocab_size, (b, length)), jnp.int32),
              "features": jnp.asarray(rng.normal(size=(b, length, cfg.d_model)), jnp.float32),
              "lengths": jnp.full((b,), length, jnp.int32), "answer_start": jnp.full((b,), 2, jnp.int32)}
-    f0, deeper, idx = train.eagle_unrolled(cfg, hp, fz, batch, levels, window=length - 1)
+    f0, deeper, idx = objectives.eagle_unrolled(cfg, hp, fz, batch, levels, window=length - 1)
     np.testing.assert_array_equal(idx, np.broadcast_to(np.arange(1, length), (b, length - 1)))
-    np.testing.assert_allclose(f0, train.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f0, objectives.eagle_teacher_forced(cfg, hp, fz, batch), rtol=1e-5, atol=1e-5)
     prev = eagle_head.shift_features(batch["features"])
     slots = jnp.arange(length + levels)
     for t0 in (0, 3, 6):
@@ -191,24 +191,24 @@ def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     tr, he = tiny_data
     cfg = eagle_head.head_config(target.cfg)
     tc = _tc(eval_every=24)
-    task = train.eagle_task(cfg, tc)
-    fz = train.frozen_target(target.serving())
+    task = objectives.eagle_task(cfg, tc)
+    fz = objectives.frozen_target(target.serving())
     p0 = eagle_head.init_params(cfg, 0)
-    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
-    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False, log=print)
+    acc0 = loop.initial_acceptance(task, p0, fz, he, 8)
+    res = loop.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False, log=print)
     print(f"held-out teacher-forced acceptance {acc0:.3f} -> {res.evals}")
     assert res.evals[48] >= acc0 + 0.15, (acc0, res.evals)
     assert res.losses[47] < res.losses[0]
     # Chains: depth 1 is the teacher-forced top-1 at that position; deeper chains accept at most `depth`.
     batch = {k: np.asarray(v[:8]) for k, v in he.items()}
     starts = batch["answer_start"] + 3
-    one = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 1))
-    f_hat = train.eagle_teacher_forced(cfg, res.params, fz, {k: jnp.asarray(v) for k, v in batch.items()})
-    top = np.asarray(jnp.argmax(train._draft_head(cfg, fz, f_hat), -1))
+    one = np.asarray(objectives.chain_acceptance(cfg, res.params, fz, batch, starts, 1))
+    f_hat = objectives.eagle_teacher_forced(cfg, res.params, fz, {k: jnp.asarray(v) for k, v in batch.items()})
+    top = np.asarray(jnp.argmax(objectives._draft_head(cfg, fz, f_hat), -1))
     rows = np.arange(8)
     expect = (top[rows, starts] == batch["tokens"][rows, starts + 1]) & (starts + 1 < batch["lengths"])
     np.testing.assert_array_equal(one, expect.astype(np.int32))
-    deep = np.asarray(train.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
+    deep = np.asarray(objectives.chain_acceptance(cfg, res.params, fz, batch, starts, 4))
     assert np.all((deep >= one) & (deep <= 4)) and np.all((deep > 0) == (one > 0))
     path = lm_checkpoint.save_head(str(tmp_path / "head"), cfg, res.params, target_cfg=target.cfg, dtype="bfloat16")
     cfg2, p2, ids, meta = lm_checkpoint.load_head(path)
@@ -221,13 +221,13 @@ def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
     ids = top_ids([r[:n] for r, n in zip(tr["tokens"], tr["lengths"], strict=True)], 48, 128, always=(1,))
     cfg = eagle_head.head_config(target.cfg)
     tc = _tc(steps=12, ckpt_every=4, eval_every=0, head_window=41)
-    task = train.eagle_task(cfg, tc)
-    fz = train.frozen_target(target.serving(), ids)
+    task = objectives.eagle_task(cfg, tc)
+    fz = objectives.frozen_target(target.serving(), ids)
     p0 = eagle_head.init_params(cfg, 0)
-    whole = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "a"), progress=False)
-    first = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), stop_at=6, progress=False)
+    whole = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "a"), progress=False)
+    first = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), stop_at=6, progress=False)
     assert sorted(first.losses) == list(range(6))
-    rest = train.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
+    rest = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
     assert sorted(rest.losses) == list(range(6, 12))
     for s in range(12):
         got = first.losses[s] if s < 6 else rest.losses[s]
@@ -240,11 +240,11 @@ def test_lm_draft_distillation_step(target, tiny_data, tmp_path):
     dcfg = target.cfg.replace(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=32,
                               tie_embeddings=True)
     tc = _tc(steps=24, eval_every=24, feature_weight=0.0)
-    task = train.lm_task(dcfg, tc)
-    fz = train.frozen_target(target.serving())
+    task = objectives.lm_task(dcfg, tc)
+    fz = objectives.frozen_target(target.serving())
     p0 = Decoder(dcfg, rngs=nnx.Rngs(0)).params()
-    acc0 = train.initial_acceptance(task, p0, fz, he, 8)
-    res = train.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False)
+    acc0 = loop.initial_acceptance(task, p0, fz, he, 8)
+    res = loop.train(task, p0, fz, tr, he, tc, str(tmp_path), progress=False)
     assert res.losses[23] < res.losses[0] and res.evals[24] > acc0
 
 
@@ -291,7 +291,7 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
     if not wordnet.available():
         pytest.skip("wordnet-base not installed")
     from configs.sage import tiny
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
     from sage_jax.training.recipe import DraftRecipe
 
     c = DraftRecipe.from_config(tiny.get_config())
@@ -299,14 +299,14 @@ def test_extra_prompt_blocks_add_new_rows_and_reuse_the_first(target, tmp_path):
         c.data, n_train=0, n_heldout=0, n_general=12, n_heldout_general=4, general_templates="extended",
         max_prompt_tokens=160, max_new_tokens=4))
     logs = []
-    tr0, he0 = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    tr0, he0 = distillation.make_data(c, target, None, str(tmp_path), log=logs.append)
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, extra_general_seeds=(1,)))
-    blocks = pipeline._blocks(c)
+    blocks = distillation._blocks(c)
     assert [b[0] for b in blocks] == ["train", "heldout", "train.seed1"]
     texts = [[t for _, t in b[2]] for b in blocks]
     assert texts[2] and not set(texts[2]) & set(texts[0]) and not set(texts[2]) & set(texts[1])
     logs.clear()
-    tr, he = pipeline.make_data(c, target, None, str(tmp_path), log=logs.append)
+    tr, he = distillation.make_data(c, target, None, str(tmp_path), log=logs.append)
     assert any("train: reusing" in m for m in logs) and any("train.seed1: " in m and "answers" in m for m in logs)
     assert len(tr["tokens"]) == len(tr0["tokens"]) + len(texts[2]) and len(he["tokens"]) == len(he0["tokens"])
     np.testing.assert_array_equal(tr["tokens"][: len(tr0["tokens"])], tr0["tokens"])
@@ -325,7 +325,7 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     import json
 
     from configs.sage import smollm2_eagle
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
     from sage_jax.training.answers import training_prompts
     from sage_jax.training.recipe import DraftRecipe
 
@@ -337,55 +337,55 @@ def test_answer_rows_are_the_datastore_answers_to_prompts_the_recipe_lacks(smoll
     c = DraftRecipe.from_config(smollm2_eagle.get_config("answers4k"))
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_train=0, n_general=2,
                                                         extra_general_seeds=(), n_answers=0))
-    own = {t for _, t in pipeline._blocks(c)[0][2]}
+    own = {t for _, t in distillation._blocks(c)[0][2]}
     assert own == {t for _, t in prompts[:2]}  # the recipe's first WordNet prompts are build_datastore's first
-    rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
+    rows = distillation.answer_rows(c, tok, cfg.pad_token_id)
     assert len(rows["tokens"]) == 4
     for r in range(4):
         n, a = rows["lengths"][r], rows["answer_start"][r]
         i = rows["tokens"][r, a] - 100
         assert 2 <= i < 6 and list(rows["tokens"][r, :n]) == lines[i]["prompt"] + lines[i]["answer"]
         assert data.ALL_KINDS[rows["kind"][r]] == prompts[i][0] and np.all(rows["tokens"][r, n:] == cfg.pad_token_id)
-    first5 = pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=5)), tok,
+    first5 = distillation.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=5)), tok,
                                   cfg.pad_token_id)  # a grown file gives a recipe the same rows
     firsts = sorted(int(first5["tokens"][r, first5["answer_start"][r]]) for r in range(len(first5["tokens"])))
     assert firsts == [102, 103, 104]
     with pytest.raises(ValueError, match="holds 6 answers, the recipe reads 7"):
-        pipeline.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=7)), tok,
+        distillation.answer_rows(dataclasses.replace(c, data=dataclasses.replace(c.data, n_answers=7)), tok,
                              cfg.pad_token_id)
     lines[3]["prompt"] = lines[3]["prompt"][:-1]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     with pytest.raises(ValueError, match="differs from build_datastore's training prompts"):
-        pipeline.answer_rows(c, tok, cfg.pad_token_id)
+        distillation.answer_rows(c, tok, cfg.pad_token_id)
     with pytest.raises(ValueError, match="needs training rows"):
         dataclasses.replace(c, data=dataclasses.replace(c.data, answers=""))
 
 
 def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_does_not_fit(target, tmp_path):
     from configs.sage import tiny
-    from sage_jax.training import pipeline
+    from sage_jax.training import distillation
     from sage_jax.training.recipe import DraftRecipe
 
     c = DraftRecipe.from_config(tiny.get_config())
     tcfg = target.cfg
     vocab = np.arange(2, 2 + 40, dtype=np.int32)
     c = dataclasses.replace(c, vocab_size=40)
-    hcfg, p0 = pipeline.eagle_init(c, tcfg, target.serving(), vocab)
+    hcfg, p0 = distillation.eagle_init(c, tcfg, target.serving(), vocab)
     p0 = jax.tree.map(lambda x: np.asarray(x) + 0.5, p0)  # not what a fresh init gives
     path = lm_checkpoint.save_head(str(tmp_path / "head"), hcfg, p0, target_cfg=tcfg, vocab_ids=vocab)
     cont = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, init_from=path))
-    hcfg2, p1 = pipeline.eagle_init(cont, tcfg, target.serving(), vocab)
+    hcfg2, p1 = distillation.eagle_init(cont, tcfg, target.serving(), vocab)
     assert hcfg2 == hcfg
     jax.tree.map(np.testing.assert_array_equal, p1, p0)
     with pytest.raises(ValueError, match="vocabulary differ"):
-        pipeline.eagle_init(cont, tcfg, target.serving(), vocab[::-1])
+        distillation.eagle_init(cont, tcfg, target.serving(), vocab[::-1])
     with pytest.raises(ValueError, match="taps differ"):
-        pipeline.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
+        distillation.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, taps=(0,))), tcfg,
                              target.serving(), vocab)
 
     # Gaining an own LM head: warm-started from the target's rows, so the continued head computes what it did.
     own = dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, own_head=True))
-    _, p2 = pipeline.eagle_init(own, tcfg, target.serving(), vocab)
+    _, p2 = distillation.eagle_init(own, tcfg, target.serving(), vocab)
     voc = DraftVocab.build(vocab, target.serving().embed, target.serving().lm_head)
     np.testing.assert_array_equal(p2["lm_head"], voc.head)
     np.testing.assert_array_equal(p2["final_norm"], target.serving().final_norm)
@@ -402,7 +402,7 @@ def test_init_from_continues_a_head_gains_an_own_lm_head_and_refuses_one_that_do
     # ... but dropping one is refused: its training would be lost.
     path2 = lm_checkpoint.save_head(str(tmp_path / "own"), hcfg, p2, target_cfg=tcfg, vocab_ids=vocab)
     with pytest.raises(ValueError, match="own LM head differ"):
-        pipeline.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
+        distillation.eagle_init(dataclasses.replace(cont, eagle=dataclasses.replace(cont.eagle, init_from=path2)), tcfg,
                              target.serving(), vocab)
 
 

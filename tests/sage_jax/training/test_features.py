@@ -15,7 +15,7 @@ from sage_jax.engine import Engine, load_engine
 from sage_jax.io import lm_checkpoint
 from sage_jax.models import eagle_head, layers
 from sage_jax.models.causal_lm import CausalLM
-from sage_jax.training import data, features, pipeline, train
+from sage_jax.training import data, distillation, features, objectives
 from sage_jax.training.recipe import TrainConfig
 
 
@@ -40,12 +40,12 @@ def test_chain_valid_follows_the_argmax_runs():
     top = jnp.asarray([[1, 2, 9, 4, 6, 7, 0]])  # position 2 misses (argmax 9, next token 3)
     batch = {"tokens": tokens, "top": top}
     idx = jnp.arange(7)[None]
-    got = {k: np.asarray(train.chain_valid(batch, k, idx))[0].tolist() for k in (1, 2, 3)}
+    got = {k: np.asarray(objectives.chain_valid(batch, k, idx))[0].tolist() for k in (1, 2, 3)}
     # level k at t consumed x_{t-k+1..t}: valid iff positions t-k .. t-1 all matched
     assert got[1] == [False, True, True, False, True, True, True]
     assert got[2] == [False, False, True, False, False, True, True]
     assert got[3] == [False, False, False, False, False, False, True]
-    assert np.all(np.asarray(train.chain_valid({"tokens": tokens}, 2, idx)))  # no argmax stored: all valid
+    assert np.all(np.asarray(objectives.chain_valid({"tokens": tokens}, 2, idx)))  # no argmax stored: all valid
 
 
 def _plain_loss(cfg, tc, params, fz, batch, levels):
@@ -76,8 +76,8 @@ def _plain_loss(cfg, tc, params, fz, batch, levels):
                 step_mask = jnp.broadcast_to(slots[None, None, :] <= t, (b, 1, length + levels))
                 f, cache = _features(params, cfg, fz["embed"], tokens[:, t: t + 1], f, jnp.full((b, 1), t), step_mask,
                                      cache, jnp.full((b,), t, jnp.int32))
-            logits = np.asarray(train._draft_head(cfg, fz, f, params))[:, 0]
-            t_logits = np.asarray(train._target_logits(cfg, fz, batch["hidden"][:, t: t + 1]))[:, 0]
+            logits = np.asarray(objectives._draft_head(cfg, fz, f, params))[:, 0]
+            t_logits = np.asarray(objectives._target_logits(cfg, fz, batch["hidden"][:, t: t + 1]))[:, 0]
             lp_t = jax.nn.log_softmax(t_logits, -1)
             lp_d = jax.nn.log_softmax(logits, -1)
             loss = np.sum(np.exp(lp_t) * (lp_t - lp_d), -1)
@@ -102,7 +102,7 @@ def _plain_loss(cfg, tc, params, fz, batch, levels):
 
 # Jitted (compiled once per shape): eagerly, op by op, the loop and the loss took ~60 s on 2 cores.
 _features = jax.jit(eagle_head.eagle_features, static_argnums=(1,))
-_eagle_loss = jax.jit(train.eagle_loss, static_argnums=(0, 1))
+_eagle_loss = jax.jit(objectives.eagle_loss, static_argnums=(0, 1))
 
 
 def test_training_time_test_loss_equals_a_plain_loop(target):
@@ -115,13 +115,13 @@ def test_training_time_test_loss_equals_a_plain_loop(target):
     params = eagle_head.init_params(cfg, 2, n_taps=2, head_vocab=len(ids))
     params = eagle_head.warm_start(params, ids, lm_t.embed, lm_t.final_norm, lm_t.lm_head)
     params = jax.tree.map(lambda x: x * 3.0 if x.ndim > 1 else x, params)
-    fz = train.frozen_target(lm_t, ids)
+    fz = objectives.frozen_target(lm_t, ids)
     tc = TrainConfig(unroll=3, feature_weight=0.0, hard_weight=0.5, prompt_weight=0.3)
     batch = _batch(cfg, 2, 7, 2 * cfg.d_model, seed=4)
     loss, metrics = _eagle_loss(cfg, tc, params, fz, batch)
     want = _plain_loss(cfg, tc, params, fz, batch, 3)
     np.testing.assert_allclose(float(loss), want, rtol=2e-5)
-    g = jax.jit(jax.grad(lambda p: train.eagle_loss(cfg, tc, p, fz, batch)[0]))(params)
+    g = jax.jit(jax.grad(lambda p: objectives.eagle_loss(cfg, tc, p, fz, batch)[0]))(params)
     assert float(jnp.abs(g["fuse"]).sum()) > 0 and float(jnp.abs(g["lm_head"]).sum()) > 0
 
 
@@ -129,7 +129,7 @@ def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_pat
     lm_t = target.serving()
     rng = np.random.default_rng(0)
     n, length = 11, 40
-    lengths = np.sort(rng.integers(6, 30, n)).astype(np.int32)  # sorted, as the pipeline's rows: batches of
+    lengths = np.sort(rng.integers(6, 30, n)).astype(np.int32)  # sorted, as the recipe run's rows: batches of
     lengths[-1] = length  # ... rows up to 32 run at width 32, the last batch at the full 40
     rows = {"tokens": rng.integers(0, 128, (n, length)).astype(np.int32), "lengths": lengths,
             "answer_start": np.full((n,), 4, np.int32), "kind": np.zeros((n,), np.int32)}
@@ -187,11 +187,11 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
         c, kinds=("eagle",),
         eagle=dataclasses.replace(c.eagle, taps=(0, 1), own_head=True, train=dataclasses.replace(
             c.eagle.train, unroll=3, feature_weight=0.0, hard_weight=0.5)))
-    summary = pipeline.run(c, str(tmp_path), progress=False, log=print)
+    summary = distillation.run(c, str(tmp_path), progress=False, log=print)
     e = summary["eagle"]
     assert e["acceptance"][40] > e["acceptance_initial"] + 0.1, e
     assert len(os.listdir(tmp_path / "shards")) >= 2
-    target, _, _ = pipeline.load_target(c)
+    target, _, _ = distillation.load_target(c)
     prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
     ref = Engine(target).generate(prompts, policy="ar", max_new_tokens=16).token_ids
     engine = load_engine(CausalLM(target), e["path"])
@@ -199,7 +199,7 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     out = engine.generate(prompts, policy="sage", max_new_tokens=16)
     assert out.token_ids == ref and out.stats.mean_accepted > 0
     # a point of the acceptance-vs-training curve: the last training checkpoint, exported on its own
-    path = pipeline.export_head(c, str(tmp_path), None, log=print)
+    path = distillation.export_head(c, str(tmp_path), None, log=print)
     assert path.endswith("eagle_head_step40")
     _, exported, ids, meta = lm_checkpoint.load_head(path)
     _, final, ids_final, _ = lm_checkpoint.load_head(e["path"])
@@ -207,7 +207,7 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     assert meta["provenance"]["step"] == 40
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), exported, final)
     with pytest.raises(ValueError, match="no training checkpoint 7"):
-        pipeline.export_head(c, str(tmp_path), 7)
+        distillation.export_head(c, str(tmp_path), 7)
 
 
 def test_corpus_rows_are_chat_rows_without_held_out_text(smollm2):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sage_jax.models import eagle_head, layers
-from sage_jax.training import online, train
+from sage_jax.training import loop, objectives, online
 from sage_jax.training.recipe import TrainConfig
 
 
@@ -39,9 +39,9 @@ def test_online_loss_and_gradient_are_the_cached_features(target, taps):
     hidden = out[0]
     cached = {**rows, "features": out[-1] if taps else hidden, "hidden": hidden,
               "top": jnp.argmax(lm_t.head(hidden), -1).astype(jnp.int32)}
-    inner = train.eagle_task(cfg, tc)
+    inner = objectives.eagle_task(cfg, tc)
     on = online.task(inner, taps)
-    fz, fz_on = train.frozen_target(lm_t, ids), online.frozen(lm_t, ids)
+    fz, fz_on = objectives.frozen_target(lm_t, ids), online.frozen(lm_t, ids)
     (want, m_want), g_want = jax.jit(jax.value_and_grad(inner.loss, has_aux=True))(params, fz, cached)
     (got, m_got), g_got = jax.jit(jax.value_and_grad(on.loss, has_aux=True))(params, fz_on, rows)
     assert float(want) > 0.1
@@ -58,15 +58,15 @@ def test_online_training_stops_at_a_deadline_and_resumes_exactly(target, tmp_pat
     cfg = eagle_head.head_config(target.cfg)
     rows, held = _rows(cfg.vocab_size, 24, 32, seed=1), _rows(cfg.vocab_size, 8, 32, seed=2)
     tc = TrainConfig(steps=6, batch_size=4, lr=1e-2, warmup=2, eval_every=3, ckpt_every=100, unroll=2, head_window=16)
-    task = online.task(train.eagle_task(cfg, tc))
+    task = online.task(objectives.eagle_task(cfg, tc))
     fz = online.frozen(lm_t)
     p0 = eagle_head.init_params(cfg, 0)
-    whole = train.train(task, p0, fz, rows, held, tc, str(tmp_path / "a"), progress=False)
+    whole = loop.train(task, p0, fz, rows, held, tc, str(tmp_path / "a"), progress=False)
     assert sorted(whole.losses) == list(range(6)) and set(whole.evals) == {3, 6}
     assert whole.first_step_seconds > 0 and whole.step_seconds > 0
-    first = train.train(task, p0, fz, rows, held, tc, str(tmp_path / "b"), progress=False, deadline=0.0)
+    first = loop.train(task, p0, fz, rows, held, tc, str(tmp_path / "b"), progress=False, deadline=0.0)
     assert first.step == 1 and sorted(first.losses) == [0]  # the deadline had passed: one step, checkpointed
-    rest = train.train(task, p0, fz, rows, held, tc, str(tmp_path / "b"), progress=False)
+    rest = loop.train(task, p0, fz, rows, held, tc, str(tmp_path / "b"), progress=False)
     assert sorted(rest.losses) == list(range(1, 6)) and rest.step == 6
     for s in range(6):
         got = first.losses[s] if s == 0 else rest.losses[s]

@@ -89,7 +89,7 @@ def test_answer_rows_of_self_prompts(smollm2, tmp_path):
     """`data.answers` of `--prompts self`: rows keep their texts' ids, kind "chat"; a prompt near a held-out one
     is dropped, ids that are not its text's are refused."""
     from configs.sage import smollm2_eagle
-    from sage_jax.training import pipeline, wordnet
+    from sage_jax.training import distillation, wordnet
     from sage_jax.training.recipe import DraftRecipe
 
     if not wordnet.available():
@@ -102,7 +102,7 @@ def test_answer_rows_of_self_prompts(smollm2, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     c = DraftRecipe.from_config(smollm2_eagle.get_config("answers4k"))
     c = dataclasses.replace(c, data=dataclasses.replace(c.data, answers=str(path), n_answers=0))
-    rows = pipeline.answer_rows(c, tok, cfg.pad_token_id)
+    rows = distillation.answer_rows(c, tok, cfg.pad_token_id)
     assert len(rows["tokens"]) == 3 and set(rows["kind"]) == {data.ALL_KINDS.index("chat")}
     for r in range(3):
         i = int(rows["tokens"][r, rows["answer_start"][r]]) - 100
@@ -112,11 +112,11 @@ def test_answer_rows_of_self_prompts(smollm2, tmp_path):
     bad = [dict(lines[0], text="Why is the sky blue? Explain it to a child.",
                 prompt=data.encode(tok, "Why is the sky blue? Explain it to a child.", 0))] + lines[1:]
     path.write_text("".join(json.dumps(r) + "\n" for r in bad))
-    kept = pipeline.answer_rows(c, tok, cfg.pad_token_id)  # the filter runs again on the file's prompts
+    kept = distillation.answer_rows(c, tok, cfg.pad_token_id)  # the filter runs again on the file's prompts
     assert sorted(int(kept["tokens"][r, kept["answer_start"][r]]) for r in range(len(kept["tokens"]))) == [101, 102]
     path.write_text("".join(json.dumps(dict(r, prompt=r["prompt"][:-1])) + "\n" for r in lines))
     with pytest.raises(ValueError, match="differs"):
-        pipeline.answer_rows(c, tok, cfg.pad_token_id)
+        distillation.answer_rows(c, tok, cfg.pad_token_id)
 
 
 def test_a_workdir_of_the_other_prompt_source_is_refused(tmp_path, capsys):

@@ -1,13 +1,13 @@
 """Training the home-trained VLM (`python -m sage_jax.train_vlm`): tower stage, align stage, evaluation, export.
 
 Work directory layout (rerunning resumes: a finished stage is skipped, a stage resumes from its Orbax checkpoint
-bit for bit, because every batch is drawn from (seed, stage, step) alone)::
+bit for bit, because every batch is drawn from (seed, stage, step) alone; `loop.stage`)::
 
     WORKDIR/tower/ckpt/, WORKDIR/tower/losses.json     stage 1: the tower as a classifier
     WORKDIR/align/ckpt/, WORKDIR/align/losses.json     stage 2: tower + projector under the frozen LM
     WORKDIR/align/evals.json                           held-out accuracy of the greedy answers, per evaluation
     WORKDIR/vlm/                                       the exported model: kind "vlm", language model "default"
-    WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_draft.py`): the head on the VLM's answers
+    WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_head.py`): the head on the VLM's answers
     WORKDIR/vlm/draft/                                 the fine-tuned head (kind "eagle_head"), the VLM's draft
     WORKDIR/loss.png                                   both stages' losses
     WORKDIR/summary.json
@@ -15,7 +15,6 @@ bit for bit, because every batch is drawn from (seed, stage, step) alone)::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -29,18 +28,12 @@ from flax import nnx
 from sage_jax.models import llava_onevision as lo
 from sage_jax.models import serving_lm
 from sage_jax.models.siglip import ACTIVATIONS, SiglipVision, hidden_states
-from sage_jax.training import vlm_data, vlm_model
-from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
+from sage_jax.training import loop, vlm_data, vlm_model
+from sage_jax.training.vlm_recipe import VLMRecipe
 
 #: Offsets of each source's classes in the tower stage's probe.
 _OFFSET = {"fashion": 0, "digits": 10, "photos": 20}
 N_PROBE = 20 + len(vlm_data.PHOTOS)
-
-
-def _log(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(msg)
 
 
 def init_params(cfg: lo.LlavaOnevisionConfig, seed: int) -> dict:
@@ -157,8 +150,8 @@ def _cached(path: str, compute: Callable[[], dict]) -> dict:
     """compute() once per work directory (a resumed run reads it back)."""
     if not os.path.isfile(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_json(path, compute())
-    return _read_json(path, {})
+        loop.write_json(path, compute())
+    return loop.read_json(path, {})
 
 
 def warm_projector(c: VLMRecipe, parts: vlm_model.Parts, params: dict, lam: float = 1e-3) -> dict:
@@ -188,87 +181,6 @@ def warm_projector(c: VLMRecipe, parts: vlm_model.Parts, params: dict, lam: floa
     w2 = np.linalg.solve(gram + lam * np.trace(gram) / d * np.eye(d), hc.T @ (y - ym))
     proj = {**p, "w2": jnp.asarray(w2, jnp.float32), "b2": jnp.asarray(ym - hm @ w2, jnp.float32)}
     return {**params, "projector": proj, "image_newline": jnp.asarray(word("\n"), jnp.float32)}
-
-
-# ------------------------------------------------------------------------------------------------------ the loop
-
-
-def _optimizer(sc: StageConfig, labels=None, scales=None) -> optax.GradientTransformation:
-    def adam(scale):
-        lr = optax.warmup_cosine_decay_schedule(0.0, sc.lr * scale, max(1, min(sc.warmup, sc.steps - 1)),
-                                                max(sc.steps, 2), end_value=sc.lr * scale * 0.05)
-        return optax.adamw(lr, weight_decay=sc.weight_decay)
-
-    inner = adam(1.0) if labels is None else optax.multi_transform({k: adam(v) for k, v in scales.items()}, labels)
-    return optax.chain(optax.clip_by_global_norm(sc.clip), inner)
-
-
-def run_stage(name: str, sc: StageConfig, params: dict, loss: Callable, batch_fn: Callable[[int], dict],
-              workdir: str, *, opt: optax.GradientTransformation | None = None, frozen=None,
-              evaluate: Callable[[dict, int], dict] | None = None, stop_at: int | None = None, progress: bool = True,
-              log: Callable[[str], None] = _log) -> dict:
-    """Trains `params` on `loss(params, frozen, batch)` for `sc.steps`, resuming from WORKDIR/name/ckpt; returns
-    the trained params. `stop_at` stops early (as an interruption would)."""
-    import orbax.checkpoint as ocp
-    from tqdm.auto import tqdm
-
-    d = os.path.join(os.path.abspath(workdir), name)
-    os.makedirs(d, exist_ok=True)
-    opt = opt or _optimizer(sc)
-    mngr = ocp.CheckpointManager(os.path.join(d, "ckpt"),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-    state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32)}
-    if mngr.latest_step() is not None:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        restored = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(abstract))
-        state = jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(restored))
-    step0 = int(state["step"])
-    losses = _read_json(os.path.join(d, "losses.json"), {})
-    losses = {k: v for k, v in losses.items() if int(k) < step0}
-    evals = _read_json(os.path.join(d, "evals.json"), {})
-
-    @jax.jit
-    def step_fn(params, opt_state, frozen, batch):
-        (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, frozen, batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value, metrics
-
-    params, opt_state = state["params"], state["opt_state"]
-    stop = sc.steps if stop_at is None else min(stop_at, sc.steps)
-    bar = tqdm(range(step0, stop), initial=step0, total=sc.steps, desc=f"{name}", disable=not progress,
-               dynamic_ncols=True)
-    for step in bar:
-        params, opt_state, value, metrics = step_fn(params, opt_state, frozen, batch_fn(step))
-        losses[str(step)] = float(value)
-        bar.set_postfix(loss=f"{float(value):.4f}", acc=f"{float(metrics['acc']):.3f}")
-        done = step + 1
-        if not progress and done % 50 == 0:
-            log(f"[{name}] step {done}/{sc.steps}: loss {float(value):.4f}, train accuracy {float(metrics['acc']):.3f}")
-        if evaluate is not None and sc.eval_every and (done % sc.eval_every == 0 or done == sc.steps):
-            evals[str(done)] = evaluate(params, done)
-            log(f"[{name}] step {done}: loss {float(value):.4f}, held-out {evals[str(done)]}")
-            _write_json(os.path.join(d, "evals.json"), evals)
-        if done % sc.ckpt_every == 0 or done == stop:
-            mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state,
-                                                        "step": jnp.asarray(done, jnp.int32)}), force=True)
-            mngr.wait_until_finished()
-            _write_json(os.path.join(d, "losses.json"), losses)
-    bar.close()
-    mngr.close()
-    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
-
-
-def _read_json(path: str, default):
-    if not os.path.isfile(path):
-        return default
-    with open(path) as f:
-        return json.load(f)
-
-
-def _write_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
@@ -314,7 +226,7 @@ def heldout_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
 # ------------------------------------------------------------------------------------------------- the recipe
 
 
-def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str], None] = _log,
+def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str], None] = loop.log_line,
         parts: vlm_model.Parts | None = None, heldout: int = 100) -> dict:
     """Both stages, then the export to WORKDIR/vlm, the loss plot and WORKDIR/summary.json (module docstring)."""
     t0 = time.perf_counter()
@@ -325,10 +237,10 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
         f"{_count(fresh['projector']) + cfg.text.d_model:,}; {vlm_model.n_visual(cfg)} visual tokens per image")
     dv = cfg.vision.hidden_size
     probe = {"w": jnp.zeros((dv, N_PROBE)), "b": jnp.zeros(N_PROBE)}
-    tower = run_stage(
+    tower = loop.stage(
         "tower", c.tower, {"vision": fresh["vision"], "probe": probe},
         lambda p, f, b: tower_loss(cfg, p, b, c.token_loss),
-        lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir, progress=progress, log=log)
+        lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir, progress=progress, log=log).params
     probe_acc = _cached(os.path.join(workdir, "tower", "probe.json"), lambda: probe_accuracy(cfg, tower))
     log(f"tower probe on held-out Fashion-MNIST: {probe_acc}")
     prompts = vlm_model.Prompts(cfg, parts.tokenizer)
@@ -339,12 +251,12 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
                        lambda: heldout_accuracy(parts, params, c.eval_images))
         log(f"warm start alone (no align step): held-out {warm}")
     labels = {k: jax.tree.map(lambda _, k=k: "tower" if k == "vision" else "proj", v) for k, v in params.items()}
-    opt = _optimizer(c.align, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
-    params = run_stage(
+    opt = loop.optimizer(c.align, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
+    params = loop.stage(
         "align", c.align, params, lambda p, lm, b: align_loss(cfg, p, lm, b),
         lambda s: align_batch(c, parts.data, prompts, s, c.align.batch_size), workdir, opt=opt,
         frozen=parts.lm_serving, evaluate=lambda p, s: heldout_accuracy(parts, p, c.eval_images),
-        progress=progress, log=log)
+        progress=progress, log=log).params
     out = export(c, parts, params, os.path.join(workdir, "vlm"))
     if c.draft is not None:
         out_head = export_draft(c, parts, params, workdir, progress=progress, log=log)
@@ -354,7 +266,7 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
     plot(workdir)
     summary = {"heldout": final, "probe": probe_acc, "export": out, "seconds": time.perf_counter() - t0,
                "recipe": c.to_json()}
-    _write_json(os.path.join(workdir, "summary.json"), summary)
+    loop.write_json(os.path.join(workdir, "summary.json"), summary)
     return summary
 
 
@@ -375,15 +287,15 @@ def export(c: VLMRecipe, parts: vlm_model.Parts, params: dict, out: str) -> str:
 
 
 def export_draft(c: VLMRecipe, parts: vlm_model.Parts, params: dict, workdir: str, *, progress: bool = True,
-                 log: Callable[[str], None] = _log) -> str:
-    """The draft stage (`vlm_draft.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
+                 log: Callable[[str], None] = loop.log_line) -> str:
+    """The draft stage (`vlm_head.py`) on the shipped head; writes WORKDIR/vlm/draft (shipped inside the VLM)."""
     from sage_jax.io import lm_checkpoint, loader
-    from sage_jax.training import vlm_draft
+    from sage_jax.training import vlm_head
 
     head = loader.default_draft()
     if head is None:
         raise FileNotFoundError("the draft stage fine-tunes the shipped head, which this checkout lacks")
-    head_cfg, trained, vocab_ids, meta = vlm_draft.train_head(c, parts, params, head, workdir, progress=progress,
+    head_cfg, trained, vocab_ids, meta = vlm_head.train_head(c, parts, params, head, workdir, progress=progress,
                                                               log=log)
     return lm_checkpoint.save_head(os.path.join(workdir, "vlm", "draft"), head_cfg, trained, target_cfg=parts.cfg.text,
                            vocab_ids=vocab_ids, dtype="bfloat16", overwrite=True,
@@ -401,7 +313,7 @@ def plot(workdir: str) -> str:
     stages = [n for n in ("tower", "align", "draft") if os.path.isfile(os.path.join(workdir, n, "losses.json"))]
     fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(5 * max(1, len(stages)), 3.5), squeeze=False)
     for ax, name in zip(axes[0], stages, strict=True):
-        losses = _read_json(os.path.join(workdir, name, "losses.json"), {})
+        losses = loop.read_json(os.path.join(workdir, name, "losses.json"), {})
         steps = sorted(int(k) for k in losses)
         ys = np.asarray([losses[str(s)] for s in steps])
         if len(ys):
@@ -410,7 +322,7 @@ def plot(workdir: str) -> str:
             ax.plot(steps, ys, alpha=0.3, lw=0.8)
             ax.plot(steps[k - 1:], smooth, lw=1.5)
         ax.set(title=f"{name} stage", xlabel="step", ylabel="cross-entropy")
-        evals = _read_json(os.path.join(workdir, name, "evals.json"), {})
+        evals = loop.read_json(os.path.join(workdir, name, "evals.json"), {})
         if evals:
             ax2 = ax.twinx()
             xs = sorted(int(k) for k in evals)

@@ -7,7 +7,7 @@ forward gives every row's last hidden states, and the head is trained teacher-fo
 pairs (f_{t-1}, x_t) with the visual features as the inputs x_t of the visual slots, hard cross-entropy on the
 next token of the answer over the head's reduced vocabulary.
 
-    WORKDIR/draft/ckpt/, WORKDIR/draft/losses.json     the head's training (resumable, `vlm_train.run_stage`)
+    WORKDIR/draft/ckpt/, WORKDIR/draft/losses.json     the head's training (resumable, `loop.stage`)
     WORKDIR/draft_head/                                the fine-tuned head (kind "eagle_head")
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from sage_jax.models import eagle_head, serving_lm
 from sage_jax.models import llava_onevision as lo
-from sage_jax.training import vlm_data, vlm_model, vlm_train
+from sage_jax.training import loop, vlm_data, vlm_model
 from sage_jax.training.vlm_recipe import VLMRecipe
 
 
@@ -116,7 +116,7 @@ def head_loss(head_cfg, head: dict, fixed: dict, batch: dict):
 
 
 def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: str, workdir: str, *,
-               progress: bool = True, log: Callable[[str], None] = vlm_train._log, stop_at: int | None = None
+               progress: bool = True, log: Callable[[str], None] = loop.log_line, stop_at: int | None = None
                ) -> tuple[object, dict, np.ndarray, dict]:
     """Fine-tunes the head at `head_path` on the VLM's answers (module docstring); returns (head config, trained
     head params, vocabulary ids, the head checkpoint's metadata)."""
@@ -149,6 +149,6 @@ def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: st
         rows = np.random.default_rng([c.seed, 5, step]).integers(len(data["tokens"]), size=sc.batch_size)
         return {k: data[k][rows] for k in ("tokens", "valid", "answer", "embeddings", "hidden")}
 
-    trained = vlm_train.run_stage("draft", sc, head, lambda p, f, b: head_loss(head_cfg, p, f, b), batch_fn,
-                                  workdir, frozen=fixed, progress=progress, log=log, stop_at=stop_at)
-    return head_cfg, trained, np.asarray(vocab_ids), meta
+    trained = loop.stage("draft", sc, head, lambda p, f, b: head_loss(head_cfg, p, f, b), batch_fn, workdir,
+                         frozen=fixed, progress=progress, log=log, stop_at=stop_at)
+    return head_cfg, trained.params, np.asarray(vocab_ids), meta

@@ -1,40 +1,32 @@
-"""Distillation training of drafts from a frozen target: an EAGLE head and a separate small LM.
+"""The objectives of draft distillation from a frozen target: an EAGLE head and a separate small LM.
 
 Both are trained on the self-distillation data of `data.py` (the target's own greedy answers) against the target's
 distributions, recomputed in the step from the stored target features (the target's final norm + LM head are
-frozen inputs of the jitted step, never constants):
+frozen inputs of the jitted step, never constants: `frozen_target`):
 
 * EAGLE head: teacher forcing with the target's true features (input at t: f_{t-1}, x_t), loss =
   KL(target ‖ head) + λ · smooth-L1(f̂_t, f_t), averaged with per-position weights (answer positions 1,
-  prompt positions `prompt_weight`, padding 0).
+  prompt positions `prompt_weight`, padding 0); with `unroll` > 1, training-time test over the head's own features.
 * LM draft: a small `Decoder` with the target's vocabulary, loss = KL(target ‖ draft) with the same weights.
 
 With a reduced draft vocabulary both KLs are taken over the subset (the target renormalised on it), as EAGLE-3
 does. Held-out "acceptance" = teacher-forced top-1 agreement of draft and target (FULL-vocab target argmax) on
-held-out answers. Batches are data-parallel over the mesh of `configs.sharding` (logical names only); Orbax
-`CheckpointManager` keeps params + optimizer state + step + data position, so a resumed run continues with the
-identical loss sequence.
+held-out answers (`Task.agreement`); `chain_acceptance` measures greedy head chains. A `Task` joins a draft's loss
+and agreement; `loop.train` trains one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from tqdm.auto import tqdm
 
-from configs import sharding
 from sage_jax.models import eagle_head, layers, serving_lm
 from sage_jax.models.config import LMConfig
-from sage_jax.training import data as ddata
 from sage_jax.training.recipe import TrainConfig
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,7 +311,7 @@ def lm_agreement(draft_cfg: LMConfig, params, fz, batch, window: int = 0):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The loop.
+# Tasks: what a draft is trained on, and how its held-out agreement is measured.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -343,145 +335,9 @@ def lm_task(draft_cfg: LMConfig, tc: TrainConfig) -> Task:
                 lambda p, f, b: lm_agreement(draft_cfg, p, f, b, tc.head_window))
 
 
-@dataclasses.dataclass
-class Result:
-    params: dict
-    step: int
-    losses: dict[int, float]  # step -> loss of that step (this process's steps only)
-    evals: dict[int, float]  # step -> held-out acceptance
-    seconds: float
-    first_step_seconds: float = 0.0  # this run's first step, its compile included
-    step_seconds: float = 0.0  # the mean of its later steps (held-out evaluations and checkpoints included)
-
-
-def optimizer(tc: TrainConfig) -> optax.GradientTransformation:
-    sched = optax.warmup_cosine_decay_schedule(0.0, tc.lr, max(1, min(tc.warmup, tc.steps - 1)), max(tc.steps, 2),
-                                               end_value=tc.lr * 0.05)
-    return optax.chain(optax.clip_by_global_norm(tc.clip), optax.adamw(sched, weight_decay=tc.weight_decay))
-
-
-_BATCH_AXES = {"tokens": ("batch", "seq"), "features": ("batch", "seq", None), "hidden": ("batch", "seq", None),
-               "top": ("batch", "seq"), "lengths": ("batch",), "answer_start": ("batch",), "kind": ("batch",)}
-
-
-def _put_batch(batch: dict) -> dict:
-    def put(v):  # cached float16 features are widened here: the step computes in float32
-        v = np.asarray(v)
-        v = v.astype(np.float32) if v.dtype == np.float16 else v
-        return v
-    return {k: jax.device_put(put(v), sharding.named_sharding(_BATCH_AXES[k], np.shape(v))) for k, v in batch.items()}
-
-
-def _replicate(tree):
-    return jax.tree.map(lambda x: jax.device_put(x, sharding.named_sharding((None,) * np.ndim(x), np.shape(x))),
-                        tree)
-
-
-def evaluate(task: Task, params, fz, heldout: dict[str, np.ndarray], batch_size: int, *, max_batches: int = 0,
-             agree_fn=None) -> float:
-    """Held-out teacher-forced top-1 agreement over the answer positions."""
-    agree_fn = agree_fn or jax.jit(task.agreement)
-    ds = ddata.eval_batches(heldout, batch_size)
-    n = len(ds) if not max_batches else min(len(ds), max_batches)
-    hits = total = 0
-    for i in range(n):
-        h, c = agree_fn(params, fz, _put_batch(ds[i]))
-        hits += int(h)
-        total += int(c)
-    return hits / max(total, 1)
-
-
-def train(task: Task, params: dict, fz: dict, train_data: dict[str, np.ndarray], heldout: dict[str, np.ndarray],
-          tc: TrainConfig, workdir: str, *, mesh=None, stop_at: int | None = None, progress: bool = True,
-          log: Callable[[str], None] | None = None, deadline: float | None = None) -> Result:
-    """Trains (or resumes from `workdir`'s latest checkpoint) up to `tc.steps` (or `stop_at`, to simulate an
-    interruption; or the first step that ends after `deadline`, a `time.monotonic()` value, checkpointed there so
-    that a rerun resumes: a lease on a device runs out). Returns the final params and this run's losses and
-    held-out acceptances."""
-    mesh = sharding.make_mesh() if mesh is None else mesh
-    log = log or (lambda s: tqdm.write(s))
-    opt = optimizer(tc)
-    ds = ddata.batches(train_data, tc.batch_size, seed=tc.seed)
-    n_rows = len(ddata.source(train_data))
-    if n_rows < tc.batch_size:
-        raise ValueError(f"{n_rows} training rows < batch size {tc.batch_size}")
-    stop = tc.steps if stop_at is None else min(stop_at, tc.steps)
-    ckpt_dir = os.path.join(os.path.abspath(workdir), "ckpt")
-    mngr = ocp.CheckpointManager(ckpt_dir, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-    t_start = time.perf_counter()
-    with sharding.use(mesh, "train"):
-        params = _replicate(params)
-        fz = _replicate(fz)
-        state = {"params": params, "opt_state": opt.init(params), "step": jnp.zeros((), jnp.int32),
-                 "data_index": jnp.zeros((), jnp.int32)}
-        latest = mngr.latest_step()
-        if latest is not None:
-            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-            restored = mngr.restore(latest, args=ocp.args.StandardRestore(abstract))
-            state = jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(restored))
-        step0, index0 = int(state["step"]), int(state["data_index"])
-
-        @jax.jit
-        def step_fn(params, opt_state, fz, batch):
-            (loss, metrics), grads = jax.value_and_grad(task.loss, has_aux=True)(params, fz, batch)
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss, metrics
-
-        agree_fn = jax.jit(task.agreement)
-        params, opt_state = state["params"], state["opt_state"]
-        losses: dict[int, float] = {}
-        evals: dict[int, float] = {}
-        bar = tqdm(range(step0, stop), initial=step0, total=tc.steps, desc=f"train {task.name}", disable=not progress,
-                   dynamic_ncols=True)
-        tokens_seen, t0 = 0, time.perf_counter()
-        for step in bar:
-            batch = ds[index0 + step - step0]
-            tokens_seen += int(np.sum(batch["lengths"]))
-            params, opt_state, loss, metrics = step_fn(params, opt_state, fz, _put_batch(batch))
-            losses[step] = float(loss)
-            if step == step0:
-                t_first = time.perf_counter()
-            done = step + 1
-            if deadline is not None and done < stop and time.monotonic() >= deadline:
-                log(f"[{task.name}] deadline reached at step {done}/{tc.steps}")
-                stop = done
-            if done % tc.log_every == 0 or done == stop:
-                tok_s = tokens_seen / (time.perf_counter() - t0)
-                if progress:
-                    bar.set_postfix(loss=f"{losses[step]:.4f}", acc=f"{float(metrics['acc']):.3f}",
-                                    tok_s=f"{tok_s:.0f}")
-                elif done % (10 * tc.log_every) == 0 or done == stop:
-                    log(f"[{task.name}] step {done}/{tc.steps}: loss {losses[step]:.4f} "
-                        f"train acc {float(metrics['acc']):.3f}, {tok_s:.0f} tokens/s")
-            if tc.eval_every and (done % tc.eval_every == 0 or done == tc.steps):
-                evals[done] = evaluate(task, params, fz, heldout, tc.batch_size, agree_fn=agree_fn)
-                log(f"[{task.name}] step {done}: loss {losses[step]:.4f}  held-out acceptance (teacher-forced "
-                    f"top-1) {evals[done]:.4f}")
-            if done % tc.ckpt_every == 0 or done == stop:
-                mngr.save(done, args=ocp.args.StandardSave({
-                    "params": params, "opt_state": opt_state, "step": jnp.asarray(done, jnp.int32),
-                    "data_index": jnp.asarray(index0 + done - step0, jnp.int32)}), force=True)
-            if done == stop:
-                break
-        bar.close()
-        mngr.wait_until_finished()
-    mngr.close()
-    params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
-    n = len(losses)
-    timing = {} if not n else {"first_step_seconds": t_first - t0,
-                               "step_seconds": (time.perf_counter() - t_first) / max(n - 1, 1)}
-    return Result(params=params, step=max(stop, step0), losses=losses, evals=evals,
-                  seconds=time.perf_counter() - t_start, **timing)
-
-
-def initial_acceptance(task: Task, params, fz, heldout, batch_size: int, mesh=None) -> float:
-    mesh = sharding.make_mesh() if mesh is None else mesh
-    with sharding.use(mesh, "train"):
-        return evaluate(task, _replicate(params), _replicate(fz), heldout, batch_size)
-
-
-def describe(x: Any) -> str:
-    return f"{sum(int(np.size(v)) for v in jax.tree.leaves(x)):,} params"
+# ---------------------------------------------------------------------------------------------------------------
+# Held-out chains.
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def chain_acceptance(head_cfg: LMConfig, params, fz, batch: dict, starts, depth: int):

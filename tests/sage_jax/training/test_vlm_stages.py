@@ -14,7 +14,7 @@ from pgla_jax.data import FASHION_MNIST_DIR
 from sage_jax.models.config import LMConfig, RopeConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.siglip import SiglipConfig
-from sage_jax.training import vlm_data, vlm_model, vlm_train
+from sage_jax.training import loop, vlm_data, vlm_model, vlm_stages
 from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
 
 needs_fashion = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist missing")
@@ -115,9 +115,9 @@ def test_warm_start_aims_each_image_at_its_class_word(tok):
     parts = dataclasses.replace(_tiny_parts(tok))
     parts.data = {"fashion": parts.data["fashion"]}  # one source: brightness alone decides the class
     c = _recipe(parts)
-    params = vlm_train.warm_projector(c, parts, vlm_train.init_params(parts.cfg, 0))
+    params = vlm_stages.warm_projector(c, parts, vlm_stages.init_params(parts.cfg, 0))
     fashion = parts.data["fashion"]
-    feats = np.asarray(vlm_train.lo._tile_features(parts.cfg, params, vlm_model.pixels(fashion.pixels)[:, 0]))
+    feats = np.asarray(vlm_stages.lo._tile_features(parts.cfg, params, vlm_model.pixels(fashion.pixels)[:, 0]))
     embed = np.asarray(parts.lm_serving.embed)
     words = np.stack([embed[tok(w, add_special_tokens=False)["input_ids"]].mean(0)
                       for w in vlm_data.SHORT_NAMES["fashion"]])
@@ -131,14 +131,14 @@ def test_align_batch_scores_exactly_the_answer(tok):
     parts = _tiny_parts(tok)
     c = _recipe(parts)
     prompts = vlm_model.Prompts(parts.cfg, tok)
-    b = vlm_train.align_batch(c, parts.data, prompts, step=3, batch_size=2)
+    b = vlm_stages.align_batch(c, parts.data, prompts, step=3, batch_size=2)
     assert prompts.n_visual == 36 and (b["tokens"] == vlm_model.IMAGE_TOKEN_ID).sum(axis=1).tolist() == [36, 36]
     for row in range(2):
         n = int(b["weight"][row].sum())
         where, target = b["where"][row, :n], b["target"][row, :n]
         np.testing.assert_array_equal(b["tokens"][row, where + 1], target)  # position p predicts token p + 1
         assert target[-1] == 2 and b["valid"][row].sum() == where[-1] + 2  # <|im_end|> closes the row
-    again = vlm_train.align_batch(c, parts.data, prompts, step=3, batch_size=2)
+    again = vlm_stages.align_batch(c, parts.data, prompts, step=3, batch_size=2)
     assert all(np.array_equal(b[k], again[k]) for k in b)  # a batch is a function of the step alone
 
 
@@ -147,13 +147,13 @@ def test_stages_resume_bit_for_bit(tok, tmp_path):
     c = _recipe(parts)
     prompts = vlm_model.Prompts(parts.cfg, tok)
     cfg = parts.cfg
-    p0 = vlm_train.init_params(cfg, 0)
+    p0 = vlm_stages.init_params(cfg, 0)
 
     def align(workdir, stop_at=None):
-        return vlm_train.run_stage(
-            "align", c.align, p0, lambda p, lm, b: vlm_train.align_loss(cfg, p, lm, b),
-            lambda s: vlm_train.align_batch(c, parts.data, prompts, s, c.align.batch_size), str(workdir),
-            frozen=parts.lm_serving, stop_at=stop_at, progress=False)
+        return loop.stage(
+            "align", c.align, p0, lambda p, lm, b: vlm_stages.align_loss(cfg, p, lm, b),
+            lambda s: vlm_stages.align_batch(c, parts.data, prompts, s, c.align.batch_size), str(workdir),
+            frozen=parts.lm_serving, stop_at=stop_at, progress=False).params
 
     straight = align(tmp_path / "a")
     align(tmp_path / "b", stop_at=2)
@@ -165,7 +165,7 @@ def test_stages_resume_bit_for_bit(tok, tmp_path):
 
 def test_adapter_refuses_another_language_model(tok, tmp_path):
     parts = _tiny_parts(tok)
-    path = vlm_train.export(_recipe(parts), parts, vlm_train.init_params(parts.cfg, 0), str(tmp_path / "vlm"))
+    path = vlm_stages.export(_recipe(parts), parts, vlm_stages.init_params(parts.cfg, 0), str(tmp_path / "vlm"))
     meta = checkpoint.read_metadata(path)
     assert meta["config"]["language_model"] == "default" and not any(k.startswith("lm") for k in meta["params"])
     from sage_jax.io import loader

@@ -30,7 +30,7 @@ from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.draft_vocab import top_ids
 from sage_jax.training import data as ddata
-from sage_jax.training import train
+from sage_jax.training import loop, objectives
 from sage_jax.training.recipe import DraftRecipe
 
 
@@ -47,12 +47,6 @@ def load_target(c: DraftRecipe) -> tuple[Decoder, Any, str]:
     spec = default_target() if c.target == "default" else c.target
     _, model, tok = load_lm(spec)
     return model, tok, os.fspath(spec)
-
-
-def _log(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(msg)
 
 
 def _encoded(c: DraftRecipe, pairs: list[tuple[str, str]], tok, vocab_size: int, what: str
@@ -102,7 +96,7 @@ def _blocks(c: DraftRecipe) -> list[tuple[str, str, list[tuple[str, str]]]]:
     return blocks
 
 
-def make_data(c: DraftRecipe, target: Decoder, tok, workdir: str, log=_log) -> tuple[dict, dict]:
+def make_data(c: DraftRecipe, target: Decoder, tok, workdir: str, log=loop.log_line) -> tuple[dict, dict]:
     """The self-distillation data: the target's greedy answers with its features, per block (`_blocks`), generated
     in shards of `shard_rows` (finished shards and blocks are kept, so an interrupted run resumes), then merged.
     Returns (train, heldout); the training blocks are concatenated (train is None with `data.rollouts` off)."""
@@ -226,7 +220,7 @@ def answer_rows(c: DraftRecipe, tok, pad_id: int) -> dict[str, np.ndarray]:
 
 
 def feature_shards(c: DraftRecipe, target: Decoder, tok, train_data: dict | None, heldout: dict, workdir: str,
-                   log=_log):
+                   log=loop.log_line):
     """The self-distillation rows (and `data.corpus_rows` teacher-forced corpus rows, and `data.answers`' rows)
     through the target once more, for the features the head reads (`eagle.taps`), into WORKDIR/shards/
     (`features.py`; resumable). Returns (training rows as a `ShardSource`, held-out rows as arrays)."""
@@ -263,7 +257,7 @@ def lm_draft_config(c: DraftRecipe, target_cfg: LMConfig) -> LMConfig:
                               dtype="float32")
 
 
-def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dict:
+def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=loop.log_line) -> dict:
     """Runs (or resumes) recipe `c` in `workdir`; returns the summary (also in summary.json)."""
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
@@ -294,21 +288,21 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
             np.save(vpath, vocab_ids)
         summary["vocab_size"] = int(len(vocab_ids))
     lm_t = target.serving()
-    fz = train.frozen_target(lm_t, vocab_ids)
+    fz = objectives.frozen_target(lm_t, vocab_ids)
     prov = {"recipe": c.to_json(), "target": source}
     if "eagle" in c.kinds:
         hcfg, p0 = eagle_init(c, tcfg, lm_t, vocab_ids)
         tc, taps = c.eagle.train, tuple(c.eagle.taps)
-        task = train.eagle_task(hcfg, tc)
-        log(f"[eagle] head: {train.describe(p0)}")
-        acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
+        task = objectives.eagle_task(hcfg, tc)
+        log(f"[eagle] head: {_describe(p0)}")
+        acc0 = loop.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
         log(f"[eagle] held-out acceptance before training {acc0:.4f}")
-        res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "eagle"), progress=progress,
+        res = loop.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "eagle"), progress=progress,
                           log=log)
         path = lm_checkpoint.save_head(os.path.join(workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
                                vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype, taps=taps)
         loader.write_manifest(path)  # what `default_draft` checks when the head is shipped
-        tau = train.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
+        tau = objectives.mean_chain_acceptance(hcfg, res.params, fz, heldout, depth=c.eagle.chain_depth,
                                           batch_size=min(16, len(heldout["tokens"])))
         log(f"[eagle] held-out greedy chain of {c.eagle.chain_depth}: mean accepted τ {tau:.3f} (τ+1 {tau + 1:.3f})")
         summary["eagle"] = {"path": path, "acceptance_initial": acc0, "acceptance": res.evals,
@@ -317,11 +311,11 @@ def run(c: DraftRecipe, workdir: str, *, progress: bool = True, log=_log) -> dic
     if "lm" in c.kinds:
         dcfg = lm_draft_config(c, tcfg)
         tc = c.lm.train
-        task = train.lm_task(dcfg, tc)
+        task = objectives.lm_task(dcfg, tc)
         p0 = Decoder(dcfg, rngs=nnx.Rngs(tc.seed)).params()
-        log(f"[lm] draft: {dcfg.n_layers} layers, d={dcfg.d_model}, {train.describe(p0)}")
-        acc0 = train.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
-        res = train.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "lm"), progress=progress,
+        log(f"[lm] draft: {dcfg.n_layers} layers, d={dcfg.d_model}, {_describe(p0)}")
+        acc0 = loop.initial_acceptance(task, p0, fz, heldout, tc.batch_size)
+        res = loop.train(task, p0, fz, train_data, heldout, tc, os.path.join(workdir, "lm"), progress=progress,
                           log=log)
         out_cfg = dcfg.replace(param_dtype=c.out_dtype)
         params = jax.tree.map(lambda x: np.asarray(x, np.dtype(jax.numpy.dtype(c.out_dtype))), res.params)
@@ -361,38 +355,34 @@ def eagle_init(c: DraftRecipe, tcfg: LMConfig, lm_t, vocab_ids) -> tuple[LMConfi
     return hcfg, p0
 
 
-def export_head(c: DraftRecipe, workdir: str, step: int | None = None, log=_log) -> str:
+def export_head(c: DraftRecipe, workdir: str, step: int | None = None, log=loop.log_line) -> str:
     """Writes the EAGLE head of training checkpoint `step` (None: the latest) of a run in `workdir` as
     WORKDIR/eagle_head_stepN (a head checkpoint with its SHA256SUMS), while or after the run trains: the points
     of an acceptance-vs-training curve. Returns the path."""
-    import orbax.checkpoint as ocp
-
     workdir = os.path.abspath(workdir)
-    ckpt = os.path.join(workdir, "eagle", "ckpt")
-    mngr = ocp.CheckpointManager(ckpt, options=ocp.CheckpointManagerOptions(create=False, read_only=True))
-    steps = mngr.all_steps()
+    run_dir = os.path.join(workdir, "eagle")
+    steps = loop.saved_steps(run_dir)
     step = max(steps) if step is None and steps else step
     if step is None or step not in steps:
-        raise ValueError(f"no training checkpoint {'yet' if step is None else step} in {ckpt} (have {steps})")
+        raise ValueError(f"no training checkpoint {'yet' if step is None else step} in {run_dir}/ckpt (have {steps})")
     target, _, source = load_target(c)
     tcfg = target.cfg.replace(param_dtype="float32", dtype="float32")
     lm_t = target.serving()
     vpath = os.path.join(workdir, "vocab.npy")
     vocab_ids = np.load(vpath) if c.vocab_size > 0 else None
     hcfg, p0 = eagle_init(c, tcfg, lm_t, vocab_ids)
-    opt = train.optimizer(c.eagle.train)
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {
-        "params": p0, "opt_state": opt.init(p0), "step": np.zeros((), np.int32), "data_index": np.zeros((), np.int32)})
-    state = mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-    mngr.close()
+    params = loop.saved_params(run_dir, step, p0, loop.optimizer(c.eagle.train), data_position=True)
     prov = {"recipe": c.to_json(), "target": source, "step": int(step)}
-    path = lm_checkpoint.save_head(os.path.join(workdir, f"eagle_head_step{step}"), hcfg, state["params"],
-                                   target_cfg=tcfg,
-                           vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype,
-                           taps=tuple(c.eagle.taps))
+    path = lm_checkpoint.save_head(os.path.join(workdir, f"eagle_head_step{step}"), hcfg, params, target_cfg=tcfg,
+                                   vocab_ids=vocab_ids, provenance=prov, overwrite=True, dtype=c.out_dtype,
+                                   taps=tuple(c.eagle.taps))
     loader.write_manifest(path)
     log(f"[export] step {step} -> {path}")
     return path
+
+
+def _describe(tree: Any) -> str:
+    return f"{sum(int(np.size(v)) for v in jax.tree.leaves(tree)):,} params"
 
 
 def _size(path: str) -> int:
