@@ -15,18 +15,24 @@ def read_answers(path: str) -> list[tuple[list[int], list[int]]]:
     return [(r["prompt"], r["answer"]) for r in read_answer_lines(path)]
 
 
-def read_answer_lines(path: str) -> list[dict]:
-    """The lines of an answers.jsonl as dicts, in prompt order (a torn last line is dropped); lines of `--prompts
-    self` carry their prompt's "text" and "kind"."""
-    rows = {}
+def read_jsonl(path: str) -> list[dict]:
+    """The objects of a JSON-lines file that a run appends to as it goes, up to a torn last line (an interrupted
+    write); [] when the file does not exist."""
+    rows = []
     if os.path.isfile(path):
         with open(path) as f:
             for line in f:
                 try:
-                    r = json.loads(line)
+                    rows.append(json.loads(line))
                 except json.JSONDecodeError:
                     break
-                rows[r["i"]] = r
+    return rows
+
+
+def read_answer_lines(path: str) -> list[dict]:
+    """The lines of an answers.jsonl as dicts, in prompt order (a torn last line is dropped); lines of `--prompts
+    self` carry their prompt's "text" and "kind"."""
+    rows = {r["i"]: r for r in read_jsonl(path)}
     return [rows[i] for i in sorted(rows)]
 
 

@@ -11,7 +11,6 @@ the benchmark's and the copy set's) are dropped; so are repeats.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -19,6 +18,7 @@ from tqdm import tqdm
 
 from sage_jax import chat
 from sage_jax.prompts import COPY_PROMPTS, held_out_texts
+from sage_jax.training import answers
 
 KIND = "chat"
 # Openings the sampled user message is made to start with, batch by batch in turn: left alone, the target mostly
@@ -77,18 +77,12 @@ def sample(engine, path: str, n: int, *, batch: int, temperature: float, max_tok
     `STARTERS[k]`), appended to `path` as they come so that a rerun resumes; fewer when a batch ends
     after `deadline` (a `time.monotonic()` value)."""
     texts, seen, seed = [], set(), 0
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                seed = r["seed"] + 1
-                for t in r["texts"]:
-                    if t not in seen:
-                        seen.add(t)
-                        texts.append(t)
+    for r in answers.read_jsonl(path):
+        seed = r["seed"] + 1
+        for t in r["texts"]:
+            if t not in seen:
+                seen.add(t)
+                texts.append(t)
     if len(texts) >= n:
         return texts[:n]
     prefix, held = user_prefix_ids(engine.tokenizer), held_out_words()
