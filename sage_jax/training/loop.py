@@ -12,9 +12,9 @@ with the losses and weights of an uninterrupted run, bit for bit::
     DIRECTORY/evals.json      with `record`: {step: held-out evaluation}
 
 A run stops at `steps`, at `stop_at` (an interruption, simulated) or after the first step that ends past
-`deadline` (a `time.monotonic()` value: e.g. the end of a job's time allowance), checkpointed there. It shows a tqdm bar, or
-without one writes a log line every 10 · `log_every` steps; it evaluates on held-out data every `eval_every` steps
-and at the last.
+`deadline` (a `time.monotonic()` value: e.g. the end of a job's time allowance), checkpointed there. It shows a
+tqdm bar, or without one writes a log line every 10 · `log_every` steps; it evaluates on held-out data every
+`eval_every` steps and at the last.
 """
 
 from __future__ import annotations
