@@ -109,6 +109,7 @@ def _restored(path: str) -> dict:
     return jax.tree.map(np.asarray, checkpoint.restore(path))
 
 
+@pytest.mark.integration
 def test_two_processes_give_what_one_gives(inputs):
     """2 processes x 2 CPU devices against 1 process x 4, both started as a user would start them (fresh
     processes, `initialize_distributed` from the environment), all three at once."""
