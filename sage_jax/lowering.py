@@ -37,7 +37,7 @@ from sage_jax.decoding.policies import TreePolicy
 from sage_jax.io import paper_targets
 from sage_jax.models import serving_lm
 
-#: Meshes the default suite lowers the pairs for: (data, model). A v5p-32 / v6e-16 (4x4 chips) and a v5p-128 /
+#: Meshes the integration tests lower the pairs for: (data, model). A v5p-32 / v6e-16 (4x4 chips) and a v5p-128 /
 #: v6e-64 (8x8): replicas of an 8-way tensor-parallel pair (the 72B targets' 8 kv heads cut one per chip).
 MESHES = {"4x4": (2, 8), "8x8": (8, 8)}
 

@@ -125,6 +125,7 @@ def _training_state(workdir: str) -> dict:
     return jax.tree.map(np.asarray, ckptr.restore(path, abstract))
 
 
+@pytest.mark.integration
 def test_two_processes_give_what_one_gives(inputs):
     """2 processes x 2 CPU devices against 1 process x 4, both started as a user would start them (fresh
     processes, `initialize_distributed` from the environment), all three at once."""

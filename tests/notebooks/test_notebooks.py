@@ -59,7 +59,9 @@ def kernel(tmp_path_factory):
         yield KERNEL
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+# The PGLA quickstart (the cheaper) runs in the default suite, the SAGE one under -m integration.
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.integration) if p.stem == "sage_quickstart" else p
+                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
 def test_runs_end_to_end(path, kernel):
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, kernel_name=kernel, timeout=600, startup_timeout=120,

@@ -14,6 +14,7 @@ ROW_KEYS = {"epsilon", "noise", "calibration", "denoiser", "t_star", "grad_cosin
             "image_ssim", "label_accuracy"}
 
 
+@pytest.mark.integration
 def test_cli_json_and_figure(tmp_path, capsys):
     out = tmp_path / "run"
     # The paper's setting on 2 digits, at the iteration count whose DLG program test_inversion already compiled.
@@ -126,6 +127,7 @@ def test_train_denoiser_workdir_that_is_a_file(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("module,rest", [("pgla_jax.attack", ["--out", "OUT"]),
                                          ("pgla_jax.train_denoiser", ["--workdir", "OUT"])])
 def test_real_process_with_a_file_that_is_not_a_config(tmp_path, module, rest):
@@ -143,6 +145,7 @@ def test_train_denoiser_does_not_import_the_attack_cli():
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
+@pytest.mark.integration
 def test_real_process_exit_code(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pgla_jax.attack", "--epsilons", "0", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
@@ -150,6 +153,7 @@ def test_real_process_exit_code(tmp_path):
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("error:") and "Traceback" not in p.stderr
 
 
+@pytest.mark.integration
 def test_cli_with_a_denoiser_checkpoint(tmp_path, capsys):
     """A (tiny, untrained) diffusion checkpoint: rows for every (noise, ε, denoiser), t* from the noise, attacked
     denoisers with image metrics and the others without, results.md / results.json beside the figures."""

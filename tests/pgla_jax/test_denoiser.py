@@ -94,6 +94,7 @@ def tiny_ckpt(tmp_path_factory):
     return path, cfg
 
 
+@pytest.mark.integration
 def test_checkpoint_round_trip_and_every_denoiser(tiny_ckpt, lenet):
     path, cfg = tiny_ckpt
     graphdef, params = split_victim(cfg.gradients.victim)
@@ -158,6 +159,7 @@ def tiny_run(tmp_path_factory):
     return cfg, data, mesh, root, full
 
 
+@pytest.mark.integration
 def test_training_resumes_exactly(tiny_run):
     """A run stopped at step 2 and resumed gives the uninterrupted run's losses; a longer schedule needs --extend."""
     from pgla_jax.denoise import loop
@@ -175,6 +177,7 @@ def test_training_resumes_exactly(tiny_run):
         loop.train(dataclasses.replace(cfg, steps=3), data, str(root / "parts"), mesh=mesh, extend=True)
 
 
+@pytest.mark.integration
 def test_dncnn_trains_and_is_loaded_beside_the_unet(tiny_run):
     """The DnCNN baseline's trainer (strict rank promotion, as in every test) and `denoisers.load` finding its
     checkpoint in the sibling folder of the U-Net's."""

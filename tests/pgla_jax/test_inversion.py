@@ -60,6 +60,7 @@ def test_idlg_recovers_images_with_the_analytic_label(lenet, mnist):
     assert correct.all() and (psnr >= 30.0).all(), psnr
 
 
+@pytest.mark.integration
 def test_inverting_gradients_recovers_a_batch_of_4(lenet, mnist):
     graphdef, params = lenet
     x, y = data.pick(mnist, 4, seed=1)

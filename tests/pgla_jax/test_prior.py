@@ -100,6 +100,7 @@ def tiny_prior_ckpt(tmp_path_factory):
     return str(root / "denoiser"), cfg, p
 
 
+@pytest.mark.integration
 def test_prior_checkpoint_round_trip_and_rows(tiny_prior_ckpt):
     path, cfg, p = tiny_prior_ckpt
     back = prior.load(prior.sibling(path))
@@ -146,6 +147,7 @@ def test_shipped_checkpoint_per_victim(shape, kind):
     assert denoiser_checkpoint.shipped_for(VictimConfig(image_shape=shape, num_classes=100)) is None
 
 
+@pytest.mark.integration
 def test_shipped_colour_prior_cleans_real_protected_gradients():
     """The colour stand-in (issue 22): the 32×32×3 LeNet on two private scikit-image patches, Gaussian ε = 1 (paper
     calibration); the prior was fitted on surrogate patches of other photos. Measured: none 0.9036 / 0.9122, Wiener

@@ -38,6 +38,7 @@ def test_shipped_head_sage_equals_ar(shipped):
     assert got.stats.mean_accepted > 0.4 and got.stats.steps < ref.stats.steps
 
 
+@pytest.mark.integration
 def test_shipped_head_accepts_on_held_out_chat(shipped):
     """The shipped head's headline (docs/drafts.md, "Trained on a lent accelerator") on the real model: SAGE at the
     paper's settings on 8 held-out chat prompts (`EVAL_PROMPTS`, kept out of its training data), 48 new tokens in one
@@ -53,6 +54,7 @@ def test_shipped_head_accepts_on_held_out_chat(shipped):
     assert got.stats.mean_accepted > 1.85, got.stats.mean_accepted
 
 
+@pytest.mark.integration
 def test_shipped_retrieval_chains_equal_ar(shipped):
     """The shipped head carries the datastore of the target's own answers (`build_datastore`): SAGE with a
     prompt-lookup chain and a datastore chain merged into its trees is still exactly AR, and the chains are used."""
@@ -101,7 +103,7 @@ def test_load_gives_the_engines_target_logits(shipped):
                                atol=2e-4 * np.abs(want).max())
 
 
-@pytest.mark.slow  # 1-2 min; the default suite's real-model check of the shipped VLM is test_generate's CLI test
+@pytest.mark.slow  # 1-2 min; the shipped VLM's real weights: tests/examples (default), test_generate (integration)
 def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     """The shipped home-trained VLM (issue 21): its language model is the default target's, bit for bit; its
     default draft is the shipped head; on held-out Fashion-MNIST test images SAGE (a pruned image for the draft)
@@ -137,6 +139,7 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     assert sum(k == int(y) for k, y in zip(named, test.labels[idx], strict=True)) >= 2, ref.text
 
 
+@pytest.mark.integration
 def test_load_engine_on_a_mesh_decodes_the_same(shipped, devices):
     """`load_engine(mesh=...)`: the target placed tensor-parallel and data-parallel, the shipped head replicated on the
     same devices (it once stayed on device 0 and the engine refused the mix); SAGE decodes what one device decodes."""

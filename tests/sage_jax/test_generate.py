@@ -78,6 +78,7 @@ def _json(proc) -> dict:
     return out
 
 
+@pytest.mark.integration
 def test_tiny_json_greedy_sage_equals_ar(tiny_target, cli_env):
     common = ["--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--json", "--prompt", "tree"]
     ar = _json(_cli(cli_env, *common, "--policy", "ar"))
@@ -97,6 +98,7 @@ def test_tiny_json_greedy_sage_equals_ar(tiny_target, cli_env):
     assert cmp["speedup"] == pytest.approx(cmp["policy_tokens_per_second"] / cmp["tokens_per_second"])
 
 
+@pytest.mark.integration
 def test_tiny_text_output_with_compare(tiny_target, cli_env):
     # The same run as the --json test above, so its executables come from the session's compilation cache.
     proc = _cli(cli_env, "--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--compare",
@@ -109,6 +111,7 @@ def test_tiny_text_output_with_compare(tiny_target, cli_env):
     assert "generating with policy sage" in proc.stderr  # progress goes to stderr
 
 
+@pytest.mark.integration
 def test_tiny_separate_draft(tiny_target, cli_env):
     """--draft SPEC: the target drafting for itself accepts whole greedy paths and still matches AR."""
     out = _json(_cli(cli_env, "--target", tiny_target, "--draft", tiny_target, "--policy", "eagle2",
@@ -117,6 +120,7 @@ def test_tiny_separate_draft(tiny_target, cli_env):
     assert out["stats"]["mean_accepted"] >= 1
 
 
+@pytest.mark.integration
 def test_tiny_on_a_tensor_parallel_mesh(tiny_target, cli_env):
     """--mesh model=2 on two host devices: target and self-draft cut over `model`, the same tokens as plain
     decoding on one device."""
@@ -193,6 +197,7 @@ BAD = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env, vlm_dirs):
     args, needle = BAD[case]
@@ -211,6 +216,33 @@ def test_bad_input_exits_2_with_one_line(case, tiny_target, other_vocab, cli_env
     assert proc.stdout == ""
 
 
+#: The cases of BAD refused before any model loads (`parse_args` / `check_args`): cheap in the test process.
+EARLY = ["bad_int", "datastore_ar", "draft_and_layers", "image_missing", "image_unreadable", "max_new_tokens",
+         "mesh_axis", "mesh_size", "mesh_syntax", "missing_draft", "missing_target", "negative_temperature",
+         "prune_ratio", "retrieval_too_long", "top_k_negative", "top_p_big", "top_p_zero", "unknown_attention",
+         "unknown_flag", "unknown_policy", "video_unreadable"]
+
+
+@pytest.mark.parametrize("case", EARLY)
+def test_bad_input_in_process_exits_2_with_one_line(case, tmp_path, capsys):
+    """`generate.main(argv)`: the same one-line error and exit code 2 as the command (run as a process, with every
+    case of BAD, under -m integration). The paths are stand-ins: nothing here reads a model."""
+    from sage_jax import generate
+
+    for d in ("tiny", "other"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "config.json").write_text("{}")
+    args, needle = BAD[case]
+    args = [a.format(tiny=tmp_path / "tiny", other=tmp_path / "other") for a in args]
+    assert generate.main([*args, "--json"]) == 2
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert out == ""
+
+
+@pytest.mark.integration
 def test_readme_main_command(cli_env, cache_dir):
     """The README's main command on the shipped SmolLM2 target with its shipped draft head, compared with AR in the
     same process (a shorter answer than the default 128 tokens)."""
@@ -230,6 +262,7 @@ def test_readme_main_command(cli_env, cache_dir):
             assert out["stats"]["mean_accepted"] > 0.3
 
 
+@pytest.mark.integration
 def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
     """The README's VLM command and Python snippet, run as written on converted tiny Qwen2.5-VL checkpoints named
     as in the README: SAGE with the pruned draft equals plain decoding (the command's --compare, and AR in Python)."""
@@ -258,6 +291,7 @@ def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
     assert gen.stats.draft_prompt_tokens < gen.stats.prompt_tokens
 
 
+@pytest.mark.integration
 def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
     """`generate --image <held-out Fashion-MNIST test image>` with nothing else given: the shipped home-trained VLM
     and the shipped head answer the default image question, name the right class, and SAGE equals AR (issue 21;

@@ -17,7 +17,8 @@ PAIRS = ("qwen2.5-vl-72b+7b", "llava-ov-72b+7b")
 
 @pytest.fixture(scope="module")
 def lowered():
-    """{(preset, mesh name): Lowered}, the whole models (80 + 28 layers; about 15 s each here)."""
+    """{(preset, mesh name): Lowered}, the whole models (80 + 28 layers; about 15 s each here), hence -m integration
+    for the tests that use it; the default suite lowers one 72B layer (tests/configs/test_paper_targets.py)."""
     return {(name, mesh): lowering.lower(paper_targets.presets()[name], *shape, layers=0)
             for name in PAIRS for mesh, shape in lowering.MESHES.items()}
 
@@ -29,6 +30,7 @@ def _lm_bytes(model: paper_targets.Model, tp: int) -> float:
                if name.startswith("lm/"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", PAIRS)
 @pytest.mark.parametrize("mesh", list(lowering.MESHES))
 def test_the_pair_lowers_for_a_tpu_mesh_cut_as_serving_needs(lowered, name, mesh):
@@ -59,6 +61,7 @@ def test_the_pair_lowers_for_a_tpu_mesh_cut_as_serving_needs(lowered, name, mesh
     assert out.count('{"data", "fsdp"}, {}, {"model"}, {}') == 2 * layers  # the target cache's k and v, every layer
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", PAIRS)
 def test_bytes_per_chip_are_the_rules_bytes_and_fit_the_chip(lowered, name):
     preset = paper_targets.presets()[name]
@@ -74,6 +77,7 @@ def test_bytes_per_chip_are_the_rules_bytes_and_fit_the_chip(lowered, name):
         assert sum(b.values()) < 0.8 * paper_targets.hbm_gib("v6e") * 2**30
 
 
+@pytest.mark.integration
 def test_the_docs_show_the_exported_table(lowered):
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     pages = [os.path.join(root, "README.md"), *sorted(glob.glob(os.path.join(root, "docs", "*.md")))]
@@ -93,6 +97,7 @@ def test_cli_reports_bad_meshes_in_one_line(capsys):
     assert lowering.main(["--layers", "-1"]) == 2
 
 
+@pytest.mark.integration
 def test_two_exported_layers_scale_to_the_full_programs_bytes(lowered):
     """`--layers N` (a quick look at a big mesh) exports N real-sized layers and scales them to full depth: the same
     bytes as the whole programs."""

@@ -36,6 +36,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]
 
 
+@pytest.mark.integration
 def test_quick_run_end_to_end(tmp_path, cache_dir):
     # A separate process, as CI users run it: the torch baselines' thread pools and the run's compiled programs
     # stay out of the test session (a long session segfaulted once in a later XLA compile with them loaded).
@@ -79,6 +80,7 @@ def test_alpha_plots_use_the_sage_run_that_built_trees():
     assert alpha_methods({"sage": trees(30), "sage@25": trees(20)}) == ("sage", ["sage"])
 
 
+@pytest.mark.integration
 def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path):
     """`--vlm --quick` (SAGE only, one prompt, to stay small): SAGE equals AR on an image prompt, and the sweep
     reports the draft's prefill at each ratio; a draft that sees 20% of the image tokens runs fewer of them and

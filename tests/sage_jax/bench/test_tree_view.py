@@ -29,6 +29,7 @@ def trees(engine):
     return tree_view.step_trees(engine, PROMPT, policy=POLICY, max_new_tokens=NEW)
 
 
+@pytest.mark.integration
 def test_steps_are_the_loops_and_the_accepted_tokens_are_the_targets_greedy_ones(engine, trees):
     ar = engine.generate([PROMPT], policy="ar", max_new_tokens=NEW).token_ids[0]
     gen = engine.generate([PROMPT], policy=POLICY, max_new_tokens=NEW)
@@ -50,6 +51,7 @@ def test_steps_are_the_loops_and_the_accepted_tokens_are_the_targets_greedy_ones
         assert t.accepted.sum() == t.tau + 1 and len(t.labels) == len(t.tokens) and t.labels[0] == str(t.tokens[0])
 
 
+@pytest.mark.integration
 def test_first_steps_and_a_budget(engine, trees):
     two = tree_view.step_trees(engine, PROMPT, policy=POLICY, max_new_tokens=NEW, steps=2)
     assert [t.tokens.tolist() for t in two] == [t.tokens.tolist() for t in trees[:2]]
@@ -67,6 +69,7 @@ def test_layout_places_every_node_apart_and_parents_between_their_children():
     assert y[0] == np.mean(y[[1, 2]]) and y[1] == np.mean(y[[3, 4]]) and y[3] == y[6]
 
 
+@pytest.mark.integration
 def test_draw_marks_the_accepted_path_and_the_bonus(trees):
     t = max(trees, key=lambda t: (t.tau, t.n_nodes))
     fig = tree_view.draw(t)

@@ -4,6 +4,7 @@ recompiles; a budget cuts the tree to its first N nodes; output still equals AR)
 import dataclasses
 
 import numpy as np
+import pytest
 
 from sage_jax.decoding import budget, widths
 from sage_jax.decoding.drafters import DraftSpec
@@ -113,6 +114,7 @@ def test_profile_cache_roundtrip(tmp_path):
     assert a == b and len(calls) == 1 and len(list((tmp_path / "profiles").iterdir())) == 1
 
 
+@pytest.mark.integration
 def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
     target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
     engine = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1))

@@ -83,6 +83,7 @@ def engine_and_store(tiny_lm):
     return engine, datastore.build(list(zip(train, out, strict=True)), length=6)
 
 
+@pytest.mark.integration
 def test_datastore_chains_are_lossless_and_accepted(engine_and_store):
     engine, store = engine_and_store
     prompts = [[5, 6, 7, 1], [30, 31, 8, 9]]

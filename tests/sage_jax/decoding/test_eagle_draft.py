@@ -13,6 +13,7 @@ from sage_jax.models.draft_vocab import DraftVocab
 from sage_jax.models.eagle_head import EagleWeights
 
 
+@pytest.mark.integration
 def test_eagle_head_matches_ar(tiny_lm, tmp_path):
     """An EAGLE head drafts for a level-built template tree and for SAGE (every policy is lossless with LM drafts
     in test_lossless; here the head's feature plumbing is what is tested), over the full vocabulary and, loaded
@@ -41,6 +42,7 @@ def test_eagle_head_matches_ar(tiny_lm, tmp_path):
     assert out.token_ids == ref and out.stats.draft_forwards > out.stats.steps
 
 
+@pytest.mark.integration
 def test_fused_head_with_its_own_vocab_head_matches_ar(tiny_lm, tmp_path):
     """An EAGLE-3-style head (tapped target layers fused, its own LM head over a reduced vocabulary) drafts
     losslessly, directly and from its checkpoint; its drafts really read the taps (other taps, other drafts)."""

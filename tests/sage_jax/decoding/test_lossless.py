@@ -81,7 +81,8 @@ def test_tiny_self_draft_and_token_limit(tiny_pair, matmul):
 
 
 # A compile per policy: 3–9 min on 2 CPU cores. In the default suite the real model is checked with its shipped
-# EAGLE head and SAGE (tests/sage_jax/test_api.py) and through the README's main command (test_generate.py).
+# EAGLE head and SAGE (tests/sage_jax/test_api.py); under -m integration through the README's main command too
+# (test_generate.py).
 @pytest.mark.slow
 @pytest.mark.parametrize("matmul", MATMULS)
 def test_real_smollm2_every_policy_matches_ar(smollm2, matmul):
@@ -155,6 +156,8 @@ def test_tiny_pallas_every_policy_matches_ar(tiny_pair_64):
     assert got.token_ids == ref.token_ids and got.stats.mean_accepted > 0.5
 
 
+# The interpreted kernel at SmolLM2's size (30 layers); the default suite runs it on the tiny pair above.
+@pytest.mark.integration
 def test_real_smollm2_pallas_sage_with_the_shipped_head(smollm2_path):
     """The README's pair (SmolLM2-135M-Instruct and its shipped EAGLE head) through the kernel: SAGE with a
     retrieval chain merged into every tree equals plain greedy decoding on the XLA path."""

@@ -111,6 +111,7 @@ def engine(tiny_lm):
                   draft_spec=DraftSpec(kind="self", n_layers=1))
 
 
+@pytest.mark.integration
 def test_every_policy_with_retrieval_matches_ar(engine):
     prompts = [[3, 4, 5, 6, 7, 8, 3, 4, 5], [9, 10, 11, 12, 9, 10]]
     ref = engine.generate(prompts, policy="ar", max_new_tokens=40).token_ids
@@ -120,6 +121,7 @@ def test_every_policy_with_retrieval_matches_ar(engine):
         assert engine.generate(prompts, policy=policy, max_new_tokens=40).token_ids == ref, policy.name
 
 
+@pytest.mark.integration
 def test_gate_and_accounting(engine):
     """Whatever the gate, the output is AR's; a stricter gate merges no more chains; every accepted token sat
     either on a ranked draft node or on a chain's own node (the budget chooser's two statistics)."""
@@ -139,6 +141,7 @@ def test_gate_and_accounting(engine):
         TreePolicy.sage(retrieval=4, retrieval_gate=1.5)
 
 
+@pytest.mark.integration
 def test_chains_alone_are_gated_down_to_the_root(engine):
     """Node budget 0 verifies the chains alone; `chains_gate` holds a row's chain back while its precision is low,
     and the step then verifies the root alone at width 1 (a plain decoding step), never the 2-row bucket. Every

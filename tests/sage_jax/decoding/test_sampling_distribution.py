@@ -67,6 +67,7 @@ def _chi2_pvalue(samples, seqs, probs):
     return stats.chisquare(obs, exp).pvalue
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_every_policy_samples_the_target_distribution(pair, temperature):
     target, draft = pair

@@ -36,6 +36,11 @@ IMAGES = [[_image(56, 84, 0)], [_image(56, 56, 1), _image(84, 56, 2)]]
 VIDEOS = [[], [_video(3)]]
 
 
+# Qwen2.5-VL's decoding matrix runs under -m integration (its parity with transformers stays in the default suite,
+# tests/sage_jax/models/test_qwen25_vl.py); LLaVA-OneVision's, the cheaper, in the default suite.
+QWEN_IN_INTEGRATION = [pytest.param(ARCHS[0], marks=pytest.mark.integration), *ARCHS[1:]]
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request, tiny_vlm):
     """(arch, target, a smaller draft VLM of its family: one of the target's two layers, perturbed)."""
@@ -54,6 +59,7 @@ def reference(pair):
     return engine, ref.token_ids
 
 
+@pytest.mark.parametrize("pair", QWEN_IN_INTEGRATION, indirect=True)
 def test_every_policy_matches_ar_with_and_without_pruning(pair, reference):
     """chain without pruning; static, EAGLE-2 and SAGE with 80% / 90% of the image / video tokens pruned from the
     draft's prompt, ranked by the target's attention or evenly spaced."""
@@ -102,6 +108,7 @@ def engine_visual(target):
     return out
 
 
+@pytest.mark.parametrize("pair", QWEN_IN_INTEGRATION, indirect=True)
 def test_one_compile_across_image_counts_and_sizes(pair, reference):
     """After one SAGE run, prompts with other numbers and sizes of images (and no video) whose target and draft
     lengths stay in the same buckets reuse both compiled loops, and still equal AR."""
@@ -130,7 +137,7 @@ def _buckets(engine, prompts, images, videos):
     return bucket(max(map(len, v.ids))), bucket(max(lens))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", QWEN_IN_INTEGRATION)
 def test_self_draft_and_eagle_head_on_vlms(arch, tiny_vlm):
     """A self-draft (the target's first layer) and an EAGLE-style head over the target's features, both reading
     the target's spliced embeddings, pruned: lossless."""
@@ -184,6 +191,7 @@ def _chi2_pvalue(samples, probs, eos):
     return stats.chisquare(obs, np.append(expected[~small], expected[small].sum())).pvalue
 
 
+@pytest.mark.integration
 def test_sampled_rows_follow_the_target_distribution(tiny_vlm):
     """At T = 0.5, 3,000 rows of one image prompt decoded by the static tree and by EAGLE-2's (draft pruned 80%)
     follow the target's exact distribution over 2-token continuations (chi-square); samples of the draft itself

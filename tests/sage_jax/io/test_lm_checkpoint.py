@@ -110,6 +110,7 @@ def test_convert_cli(tmp_path, capsys):
     assert load_lm(out)[0].param_dtype == "float32"
 
 
+@pytest.mark.integration
 def test_convert_cli_process_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sage_jax.convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -96,6 +96,7 @@ def _greedy(model, prompt: list[int], n_new: int, capacity: int) -> list[int]:
     return out
 
 
+@pytest.mark.integration
 def test_greedy_64_tokens_match_transformers(smollm2, smollm2_reference):
     import torch
 

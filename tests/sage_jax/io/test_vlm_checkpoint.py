@@ -261,6 +261,7 @@ def _generate_cli(*args):
                           env=env, timeout=600)
 
 
+@pytest.mark.integration
 def test_generate_cli_refuses_bad_vlm_inputs(hf_vlm, tmp_path):
     """An image the processor refuses and an unsupported architecture give exit 2 and one line."""
     family, path, _ = hf_vlm
@@ -281,8 +282,8 @@ def test_generate_cli_refuses_bad_vlm_inputs(hf_vlm, tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
 
 
-# 90 s on 2 cores; the default suite decodes converted VLM checkpoints through the CLI (test_generate.py's README
-# command) and HF directories through `load` (above).
+# 90 s on 2 cores; converted VLM checkpoints are decoded through the CLI under -m integration (test_generate.py's
+# README command), HF directories through `load` in the default suite (above).
 @pytest.mark.slow
 def test_generate_cli_decodes_an_hf_vlm_directory(hf_vlm, tmp_path):
     """`python -m sage_jax.generate --target HF_DIR --draft HF_DIR --image ...` decodes with SAGE and draft-side

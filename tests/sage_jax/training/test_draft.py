@@ -187,6 +187,7 @@ def test_reduced_vocab_maps_ids_back(target):
     np.testing.assert_array_equal(jnp.take(voc.ids, jnp.argmax(sub, -1)), jnp.argmax(back, -1))
 
 
+@pytest.mark.integration
 def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     tr, he = tiny_data
     cfg = eagle_head.head_config(target.cfg)
@@ -418,19 +419,35 @@ def not_a_config(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("args,needle", [
+CLI_BAD = [
     (("--config", "no_such_config"), "unknown config"),
     (("--config", "{broken}"), "cannot load config"),
     (("--config", "configs/pgla/mnist_lenet.py"), "expected DraftRecipe"),
     (("--config", "tiny", "--set", "eagle.train.nope=1"), "unknown config key"),
     (("--config", "tiny", "--set", "eagle.train.steps=abc"), "expected int"),
     (("--config", "tiny", "--set", "kinds=medusa"), "not one of"),
-])
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("args,needle", CLI_BAD)
 def test_cli_bad_input_exits_2(args, needle, not_a_config, tmp_path):
     r = _cli(*[a.format(broken=not_a_config) for a in args], "--workdir", str(tmp_path / "w"))
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr[-2000:]
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("args,needle", CLI_BAD)
+def test_cli_bad_input_in_process_exits_2(args, needle, not_a_config, tmp_path, capsys, monkeypatch):
+    """`train_draft.main(argv)` in this process (the command as a process: the test above, -m integration)."""
+    from sage_jax import train_draft
+
+    monkeypatch.chdir(ROOT)
+    assert train_draft.main([*[a.format(broken=not_a_config) for a in args], "--workdir", str(tmp_path / "w")]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
     assert not (tmp_path / "w").exists()
 
 

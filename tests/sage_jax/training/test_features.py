@@ -176,6 +176,7 @@ def test_feature_shards_hold_the_targets_teacher_forced_features(target, tmp_pat
     assert got["features"].shape == (4, length, 2 * lm_t.cfg.d_model) and got["top"].shape == (4, length)
 
 
+@pytest.mark.integration
 def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     """The tiny recipe as an EAGLE-3-style head (taps, own head, no regression, 3 levels, hard CE): trained from
     feature shards, its acceptance rises, and its checkpoint drafts for the target with AR's output."""

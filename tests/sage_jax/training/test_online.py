@@ -53,6 +53,7 @@ def test_online_loss_and_gradient_are_the_cached_features(target, taps):
     assert hits == [int(x) for x in jax.jit(inner.agreement)(params, fz, cached)] and hits[1] > 0
 
 
+@pytest.mark.integration
 def test_online_training_stops_at_a_deadline_and_resumes_exactly(target, tmp_path):
     lm_t = target.serving()
     cfg = eagle_head.head_config(target.cfg)

@@ -142,6 +142,7 @@ def test_align_batch_scores_exactly_the_answer(tok):
     assert all(np.array_equal(b[k], again[k]) for k in b)  # a batch is a function of the step alone
 
 
+@pytest.mark.integration
 def test_stages_resume_bit_for_bit(tok, tmp_path):
     parts = _tiny_parts(tok)
     c = _recipe(parts)
