@@ -276,7 +276,7 @@ def test_shipped_denoiser_cleans_a_real_protected_gradient(lenet, protected_digi
         assert cos["diffusion_ddim"] >= cos["none"] + 0.03, cos  # measured +0.061 / +0.047
         assert cos["diffusion"] >= cos["none"] + 0.02, cos  # measured +0.053 / +0.039
         assert cos["dncnn"] >= cos["none"] - 0.002, cos  # measured +0.0015 / +0.0011
-        # The Gaussian prior of the same surrogate gradients (issue 22's ≥ 0.99): measured ancestral / DDIM / one-shot
+        # The Gaussian prior of the same surrogate gradients (the target: ≥ 0.99): measured ancestral / DDIM / one-shot
         # 0.9932 / 0.9953 / 0.9944 and 0.9954 / 0.9970 / 0.9963.
         assert all(t_stars[n] == 24 for n in denoisers.PRIOR)
         assert cos["prior_ddim"] >= 0.99 and cos["prior_oneshot"] >= 0.99, cos

@@ -149,7 +149,7 @@ def test_shipped_checkpoint_per_victim(shape, kind):
 
 @pytest.mark.integration
 def test_shipped_colour_prior_cleans_real_protected_gradients():
-    """The colour stand-in (issue 22): the 32×32×3 LeNet on two private scikit-image patches, Gaussian ε = 1 (paper
+    """The colour stand-in: the 32×32×3 LeNet on two private scikit-image patches, Gaussian ε = 1 (paper
     calibration); the prior was fitted on surrogate patches of other photos. Measured: none 0.9036 / 0.9122, Wiener
     (σ known) 0.9159 / 0.9232, prior DDIM 0.9951 / 0.9964, one-shot 0.9949 / 0.9968."""
     from pgla_jax import data, metrics

@@ -40,7 +40,7 @@ def test_shipped_head_sage_equals_ar(shipped):
 
 @pytest.mark.integration
 def test_shipped_head_accepts_on_held_out_chat(shipped):
-    """The shipped head's headline (docs/drafts.md, "Trained on a lent accelerator") on the real model: SAGE at the
+    """The shipped head's headline (docs/drafts.md, "Trained on a GPU") on the real model: SAGE at the
     paper's settings on 8 held-out chat prompts (`EVAL_PROMPTS`, kept out of its training data), 48 new tokens in one
     batch, exactly AR's output with τ above 1.85. Measured 2.01 (2026-12-05; θ_l read on the path's probability, the
     default until then: 1.76); the CPU lineage's chat4 head, shipped before it, gives 1.03 here."""
@@ -105,7 +105,7 @@ def test_load_gives_the_engines_target_logits(shipped):
 
 @pytest.mark.slow  # 1-2 min; the shipped VLM's real weights: tests/examples (default), test_generate (integration)
 def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
-    """The shipped home-trained VLM (issue 21): its language model is the default target's, bit for bit; its
+    """The shipped home-trained VLM: its language model is the default target's, bit for bit; its
     default draft is the shipped head; on held-out Fashion-MNIST test images SAGE (a pruned image for the draft)
     decodes exactly what AR decodes, and the answers name the images' classes."""
     import os

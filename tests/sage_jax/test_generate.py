@@ -294,9 +294,8 @@ def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
 @pytest.mark.integration
 def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
     """`generate --image <held-out Fashion-MNIST test image>` with nothing else given: the shipped home-trained VLM
-    and the shipped head answer the default image question, name the right class, and SAGE equals AR (issue 21;
-    more images in `tests/sage_jax/test_engine.py`, all 100 in the closing note: `python -m sage_jax.bench --vlm
-    --prompts 100`)."""
+    and the shipped head answer the default image question, name the right class, and SAGE equals AR (more
+    images in `tests/sage_jax/test_api.py`, all 100 with `python -m sage_jax.bench --vlm --prompts 100`)."""
     from PIL import Image
 
     from pgla_jax.data import FASHION_MNIST_DIR
