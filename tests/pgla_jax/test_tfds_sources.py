@@ -62,6 +62,7 @@ def test_prepare_data_cli_unknown_name_is_exit_2(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: unknown tfds dataset 'no_such_set'")
 
 
+@pytest.mark.integration
 def test_attack_cli_reads_a_tfds_dataset(tfds_dir, tmp_path, capsys):
     # The colour victim on the tfds copy of the patches, a few iterations: the same code path a TPU VM takes with
     # --data tfds:cifar100.

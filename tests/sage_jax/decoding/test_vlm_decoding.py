@@ -36,8 +36,9 @@ IMAGES = [[_image(56, 84, 0)], [_image(56, 56, 1), _image(84, 56, 2)]]
 VIDEOS = [[], [_video(3)]]
 
 
-# Qwen2.5-VL's decoding matrix runs under -m integration (its parity with transformers stays in the default suite,
-# tests/sage_jax/models/test_qwen25_vl.py); LLaVA-OneVision's, the cheaper, in the default suite.
+# The default suite decodes one family (LLaVA-OneVision, the cheaper: SAGE equals AR across image counts and sizes,
+# one compile); the rest of the matrix runs under -m integration. Both families' parity with transformers is checked
+# in the default suite (tests/sage_jax/models/).
 QWEN_IN_INTEGRATION = [pytest.param(ARCHS[0], marks=pytest.mark.integration), *ARCHS[1:]]
 
 
@@ -59,7 +60,7 @@ def reference(pair):
     return engine, ref.token_ids
 
 
-@pytest.mark.parametrize("pair", QWEN_IN_INTEGRATION, indirect=True)
+@pytest.mark.integration
 def test_every_policy_matches_ar_with_and_without_pruning(pair, reference):
     """chain without pruning; static, EAGLE-2 and SAGE with 80% / 90% of the image / video tokens pruned from the
     draft's prompt, ranked by the target's attention or evenly spaced."""
@@ -137,7 +138,8 @@ def _buckets(engine, prompts, images, videos):
     return bucket(max(map(len, v.ids))), bucket(max(lens))
 
 
-@pytest.mark.parametrize("arch", QWEN_IN_INTEGRATION)
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
 def test_self_draft_and_eagle_head_on_vlms(arch, tiny_vlm):
     """A self-draft (the target's first layer) and an EAGLE-style head over the target's features, both reading
     the target's spliced embeddings, pruned: lossless."""
