@@ -105,6 +105,21 @@ def _writable_by(mode: int) -> str:
     return {0o020: "group-writable", 0o002: "world-writable", 0o022: "group- and world-writable"}[mode & 0o022]
 
 
+def _owned_by_me(path: Path, what: str, is_kind, kind: str) -> os.stat_result:
+    """`path`'s lstat; UnsafeCache when it is a symlink, not of the kind `is_kind` tests, not this user's, or
+    writable by group or others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCache(f"{what} {path} is a symlink")
+    if not is_kind(st.st_mode):
+        raise UnsafeCache(f"{what} {path} is not {kind}")
+    if st.st_uid != os.getuid():
+        raise UnsafeCache(f"{what} {path} is not owned by you (owner uid {st.st_uid})")
+    if st.st_mode & 0o022:
+        raise UnsafeCache(f"{what} {path} is {_writable_by(st.st_mode)}")
+    return st
+
+
 def _private_dir(path: Path) -> None:
     """Makes `path` with mode 0700 if it is missing; UnsafeCache unless it is a real directory owned by this user
     that no one else can write. Group / other read or search bits on one of ours are taken away."""
@@ -112,15 +127,7 @@ def _private_dir(path: Path) -> None:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeCache(f"kernel cache {path} is a symlink")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeCache(f"kernel cache {path} is not a directory")
-    if st.st_uid != os.getuid():
-        raise UnsafeCache(f"kernel cache {path} is not owned by you (owner uid {st.st_uid})")
-    if st.st_mode & 0o022:
-        raise UnsafeCache(f"kernel cache {path} is {_writable_by(st.st_mode)}")
+    st = _owned_by_me(path, "kernel cache", stat.S_ISDIR, "a directory")
     if stat.S_IMODE(st.st_mode) != 0o700:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
@@ -133,15 +140,7 @@ def _private_dir(path: Path) -> None:
 
 def _check_library(path: Path) -> None:
     """UnsafeCache unless `path` is a regular file (not a symlink) of this user's that no one else can write."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeCache(f"kernel library {path} is a symlink")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeCache(f"kernel library {path} is not a regular file")
-    if st.st_uid != os.getuid():
-        raise UnsafeCache(f"kernel library {path} is not owned by you (owner uid {st.st_uid})")
-    if st.st_mode & 0o022:
-        raise UnsafeCache(f"kernel library {path} is {_writable_by(st.st_mode)}")
+    _owned_by_me(path, "kernel library", stat.S_ISREG, "a regular file")
 
 
 def _build(cxx: str, out: Path) -> None:
