@@ -110,7 +110,7 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     decodes exactly what AR decodes, and the answers name the images' classes."""
     import os
 
-    from pgla_jax.data import FASHION_MNIST_DIR
+    from configs.datasets import FASHION_MNIST_DIR
     from sage_jax.training import vlm_data
 
     if not os.path.isdir(FASHION_MNIST_DIR):

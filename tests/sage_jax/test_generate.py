@@ -264,10 +264,10 @@ def test_readme_main_command(cli_env, cache_dir):
 
 @pytest.mark.integration
 def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
-    """The README's VLM command and Python snippet, run as written on converted tiny Qwen2.5-VL checkpoints named
-    as in the README: SAGE with the pruned draft equals plain decoding (the command's --compare, and AR in Python)."""
+    """docs/vlm.md's command and Python snippet, run as written on converted tiny Qwen2.5-VL checkpoints named as
+    there: SAGE with the pruned draft equals plain decoding (the command's --compare, and AR in Python)."""
     root = vlm_dirs["root"]
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "vlm.md")).read()
     cmd = next(b for b in readme.split("```bash")[1:] if "--image cat.png" in b).split("```")[0]
     line = cmd.replace("\\\n", " ").splitlines()[-1].split()
     assert line[:3] == [".venv/bin/python", "-m", "sage_jax.generate"]
@@ -284,7 +284,7 @@ def test_readme_vlm_command_and_python(vlm_dirs, cli_env, monkeypatch):
     import sage_jax
 
     scope = {"sage_jax": sage_jax}
-    exec(code.replace("max_new_tokens=64", "max_new_tokens=12"), scope)  # noqa: S102 (our own README)
+    exec(code.replace("max_new_tokens=64", "max_new_tokens=12"), scope)  # noqa: S102 (our own docs)
     gen = scope["gen"]
     ar = scope["engine"].generate(["What is in this picture?"], images=[["cat.png"]], policy="ar", max_new_tokens=12)
     assert gen.token_ids == ar.token_ids and gen.policy == "sage"
@@ -298,7 +298,7 @@ def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
     images in `tests/sage_jax/test_api.py`, all 100 with `python -m sage_jax.bench --vlm --prompts 100`)."""
     from PIL import Image
 
-    from pgla_jax.data import FASHION_MNIST_DIR
+    from configs.datasets import FASHION_MNIST_DIR
     from sage_jax.training import vlm_data
 
     if not os.path.isdir(FASHION_MNIST_DIR):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import checkpoint
-from pgla_jax.data import FASHION_MNIST_DIR
+from configs.datasets import FASHION_MNIST_DIR
 from sage_jax.models.config import LMConfig, RopeConfig
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.siglip import SiglipConfig
