@@ -356,6 +356,12 @@ def mesh_of(tree) -> Mesh | None:
     return None
 
 
+def tensor_parallelism(mesh: Mesh | None) -> int:
+    """How many ways the inference rules cut a layer's heads and MLP on `mesh` (its `model` axis; 1 without a
+    mesh)."""
+    return 1 if mesh is None else int(dict(mesh.shape).get("model", 1))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Multi-host. Every process runs the same program (multi-controller JAX): the same jitted calls in the same order,
 # with the same host values (numpy inputs are taken as replicated, so they must agree). These helpers keep the

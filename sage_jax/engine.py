@@ -27,8 +27,8 @@ from configs import sharding
 from sage_jax import chat
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
+from sage_jax.decoding import cost_model, media_batch, visual_pruning, widths
 from sage_jax.decoding import datastore as datastore_lib
-from sage_jax.decoding import media_batch, visual_pruning, widths
 from sage_jax.decoding import speculative as spec
 from sage_jax.decoding.drafters import DraftSpec, build_drafter
 from sage_jax.decoding.policies import TreePolicy
@@ -207,6 +207,7 @@ class Engine:
             f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
+        self._to_measure: dict[tuple, Callable[[], budget_lib.CostProfile]] = {}
         self._timers: dict[tuple, tuple] = {}
         self.compile_seconds = 0.0
 
@@ -266,9 +267,14 @@ class Engine:
             d_sizes = widths.draft_sizes(pol.frontier, cfg.bucket_ratio)
             desc = f"{self.draft_spec}|{self._lm_d.cfg if self._lm_d is not None else None}"
             pkey = budget_lib.profile_key(self.cfg, desc, cfg.capacity, v_sizes, d_sizes)
-            with self._placed():  # timed as the loops run, on the target's mesh
-                prof = budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
-                    self._lm_t, self._lm_d, self.draft_spec, cfg.capacity, v_sizes, d_sizes), self.profile_dir)
+            measure = functools.partial(self._measured_profile, pkey, cfg.capacity, v_sizes, d_sizes)
+            prof = None
+            if not budget_lib.has_profile(pkey, self.profile_dir):
+                prof = self._modelled_profile(cfg.capacity, v_sizes, d_sizes)
+            if prof is None:
+                prof = measure()
+            else:  # an accelerator: the cost model's profile until the first request has run
+                self._to_measure[key] = measure
             # The datastore chain is ungated, so with it the chains alone are no cheap fallback.
             ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
                                           chains=bool(pol.retrieval) and not pol.datastore)
@@ -277,6 +283,22 @@ class Engine:
                 ch.acceptance.add(budget_lib.AcceptanceStats.from_json(prior))
             self._choosers[key] = ch
         return self._choosers[key]
+
+    def _measured_profile(self, pkey: str, capacity: int, v_sizes, d_sizes) -> budget_lib.CostProfile:
+        with self._placed():  # timed as the loops run, on the target's mesh
+            return budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
+                self._lm_t, self._lm_d, self.draft_spec, capacity, v_sizes, d_sizes), self.profile_dir)
+
+    def _modelled_profile(self, capacity: int, v_sizes, d_sizes) -> budget_lib.CostProfile | None:
+        """On a TPU or GPU the cost model knows (`cost_model.chip_for`), its predicted profile, so that the first
+        request already drafts the trees that pay there; None on a CPU or an unknown chip (measured at once)."""
+        chip = cost_model.device_chip()
+        if chip is None:
+            return None
+        tp = sharding.tensor_parallelism(self.mesh)
+        return cost_model.predicted_profile(
+            cost_model.Arch.of(self.cfg), cost_model.draft_arch(self.draft_spec, self.cfg, self._lm_d), chip,
+            v_sizes, d_sizes, context=capacity // 2, tp=tp)
 
     # ------------------------------------------------------------------ generation
 
@@ -453,6 +475,9 @@ class Engine:
             return gen
         gen = self._generate(batch, policy, budget=choice, **kw)
         ch.update(gen.stats)
+        key = next(k for k, c in self._choosers.items() if c is ch)
+        if key in self._to_measure:  # the modelled profile served the first request; this device's times now
+            ch.profile = self._to_measure.pop(key)()
         return gen
 
     @staticmethod

@@ -4,6 +4,7 @@ mesh by the inference rules. Nothing is allocated, so a CPU finds here the shard
 
     python -m sage_jax.lowering [--preset qwen2.5-vl-72b+7b ...] [--mesh 2x8 ...] [--layers N]
     python -m sage_jax.lowering --memory-table
+    python -m sage_jax.lowering --project v6e [--tp 8] [--context 8192]
 
 prints, per (preset, mesh), the bytes each chip holds as the exported programs take them: the serving weights of
 target and draft, and their KV caches, next to the chip's HBM. Both programs are exported with the same shardings
@@ -16,6 +17,10 @@ pair and mesh on a 2-core CPU).
 `--memory-table` prints instead every preset's memory per chip from the models' exact parameter shapes under the
 inference rules (`sage_jax.io.paper_targets.table`: bf16 weights, KV caches for batch 1 x 8192 tokens per model),
 nothing exported.
+
+`--project CHIP` prints the cost model's projection for the paper's pairs on CHIP (`sage_jax.decoding.cost_model`):
+tokens/s of plain decoding, of SAGE's full trees at the paper's τ, and of the budget `--budget auto` would choose
+there from the shipped head's acceptance record, beside the paper's own figures on H20 GPUs.
 """
 
 from __future__ import annotations
@@ -221,6 +226,38 @@ def report(rows: list[Lowered]) -> str:
     return "\n".join(head)
 
 
+def _project(chip_name: str, tp: int, context: int) -> int:
+    """`--project CHIP`: the cost model's table for the paper's pairs (one row per target / draft pair)."""
+    from sage_jax.decoding import budget as budget_lib
+    from sage_jax.decoding import cost_model
+    from sage_jax.decoding.policies import TreePolicy
+    from sage_jax.io import lm_checkpoint, loader
+
+    if tp < 1:
+        raise cli.BadInput(f"--tp must be >= 1, got {tp}")
+    if context < 1:
+        raise cli.BadInput(f"--context must be >= 1, got {context}")
+    chip = cost_model.published()[chip_name]
+    pol = TreePolicy.sage()
+    draft = loader.default_draft()
+    prior = (lm_checkpoint.read_acceptance(draft) if draft else {}).get("policies", {}).get(pol.name)
+    stats = budget_lib.AcceptanceStats.from_json(prior) if prior and (prior["n_max"], prior["d_cap"]) == (
+        pol.n_max, pol.d_cap) else None
+    seen, rows = set(), []
+    for preset in paper_targets.presets().values():
+        pair = (preset.target, preset.draft)
+        if preset.draft is None or pair in seen:
+            continue
+        seen.add(pair)
+        rows.append(cost_model.project(preset, chip, tp=tp, context=context, policy=pol, acceptance=stats))
+    print(f"Predicted by the roofline model (sage_jax.decoding.cost_model) for {tp} x {chip_name} "
+          f"({chip.flops / 1e12:.0f} bf16 TFLOP/s, {chip.bandwidth / 1e9:.0f} GB/s HBM per chip), bf16, batch 1, "
+          f"{context} tokens attended; the paper's τ counts accepted draft tokens (a step commits τ + 1); our "
+          f"acceptance: the shipped SmolLM2 head's per-rank record{'' if stats else ' (not in this checkout)'}\n")
+    print(cost_model.projection_table(rows))
+    return 0
+
+
 def _main(argv: list[str] | None) -> int:
     p = cli.Parser(prog="python -m sage_jax.lowering", description=__doc__.split("\n\n")[0])
     pairs = [n for n, pr in paper_targets.presets().items() if pr.draft is not None and pr.tp == 8]
@@ -232,7 +269,16 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--prompt-len", type=int, default=Shape.prompt_len, metavar="T")
     p.add_argument("--memory-table", action="store_true",
                    help="print every preset's memory per chip by the inference rules (nothing exported) and exit")
+    p.add_argument("--project", metavar="CHIP", choices=sorted(paper_targets.chips()),
+                   help="print instead the cost model's tokens/s of AR and SAGE for the paper's pairs on CHIP "
+                   "(sage_jax.decoding.cost_model), beside the paper's own figures, and exit")
+    p.add_argument("--tp", type=int, default=8, metavar="N", help="--project: chips per pair, tensor-parallel "
+                   "(default 8)")
+    p.add_argument("--context", type=int, default=8192, metavar="T",
+                   help="--project: tokens each step attends to (default 8192: a prompt with a video)")
     args = p.parse_args(argv)
+    if args.project:
+        return _project(args.project, args.tp, args.context)
     if args.memory_table:
         print(f"bf16 weights; KV cache for batch 1 x 8192 tokens per model\n\n{paper_targets.table()}")
         return 0

@@ -150,13 +150,23 @@ def measure_profile(target, draft, draft_spec, capacity: int, verify_widths, dra
                        draft_widths=list(draft_widths), draft_ms=d_ms, ar_ms=ar)
 
 
+def _profile_path(key: str, directory: str) -> str:
+    return os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def has_profile(key: str, directory: str) -> bool:
+    """Whether a profile is stored under `key` in `directory` (`cached_profile` then measures nothing); in a
+    multi-host run, process 0's answer."""
+    return bool(sharding.from_primary(os.path.isfile(_profile_path(key, directory))))
+
+
 def cached_profile(key: str, measure, directory: str) -> CostProfile:
     """The profile stored under `key` (device, models and widths) in `directory`, measured by `measure()` on
     first use.
 
     In a multi-host run every process uses process 0's profile (its stored one, or else the one it measures while
     every process measures alongside): budgets chosen from it then agree, and so do the programs the hosts run."""
-    path = os.path.join(directory, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    path = _profile_path(key, directory)
     stored = None
     if os.path.isfile(path):
         with open(path) as f:

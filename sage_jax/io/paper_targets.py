@@ -46,6 +46,21 @@ class Model:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reported:
+    """What the paper reports for a pair: the benchmark, SAGE's τ (the bonus token not counted) and tokens/s, and
+    plain decoding's tokens/s."""
+
+    benchmark: str
+    tau: float
+    tok_s: float
+    ar_tok_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.tok_s / self.ar_tok_s
+
+
+@dataclasses.dataclass(frozen=True)
 class TpuPreset:
     """A target (and its draft) served together on one TPU slice, tensor-parallel `tp` ways, in `dtype`."""
 
@@ -55,6 +70,7 @@ class TpuPreset:
     slice: str  # e.g. "v6e-8": generation and chip count
     tp: int
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    reported: Reported | None = None
 
     @property
     def generation(self) -> str:
@@ -70,18 +86,29 @@ class TpuPreset:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChipSpec:
+    """An accelerator's published figures: HBM GiB, peak dense bf16 TFLOP/s, HBM GB/s, interconnect Gbit/s per chip
+    (`sage_jax.decoding.cost_model.Chip` reads them)."""
+
+    hbm_gib: float
+    bf16_tflops: float
+    hbm_gbps: float
+    link_gbits: float
+
+
+@dataclasses.dataclass(frozen=True)
 class PaperTargets(Schema):
-    """The data of `configs/sage/paper_targets.py`: HBM per chip (GiB) by TPU generation, and the presets."""
+    """The data of `configs/sage/paper_targets.py`: the chips (TPU generations and GPUs) and the presets."""
 
     KIND = "paper_targets"
 
-    hbm_gib: dict[str, float]
+    chips: dict[str, ChipSpec]
     presets: tuple[TpuPreset, ...]
 
     def __post_init__(self):
         for p in self.presets:
-            if p.generation not in self.hbm_gib:
-                raise ValueError(f"preset {p.name}: no HBM size for TPU generation {p.generation!r}")
+            if p.generation not in self.chips:
+                raise ValueError(f"preset {p.name}: no chip figures for TPU generation {p.generation!r}")
 
 
 @functools.cache
@@ -97,8 +124,13 @@ def presets() -> dict[str, TpuPreset]:
 
 
 def hbm_gib(generation: str) -> float:
-    """HBM per chip of a TPU generation, GiB."""
-    return load().hbm_gib[generation]
+    """HBM per chip of a TPU generation (or GPU), GiB."""
+    return load().chips[generation].hbm_gib
+
+
+def chips() -> dict[str, ChipSpec]:
+    """Every chip's published figures, by name ("v6e", "h100", ...)."""
+    return dict(load().chips)
 
 
 def abstract_mesh(tp: int):

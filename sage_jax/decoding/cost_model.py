@@ -1,0 +1,330 @@
+"""A roofline model of a decoding step's time on TPUs and GPUs, from the flops and bytes it moves.
+
+Each forward of a decoder over `w` new rows per sequence (a plain step: w = 1; a tree's verify: w = nodes + 1; a
+draft level: w = its frontier), for `b` sequences that each attend to `context` cached tokens, on `tp` chips
+tensor-parallel:
+
+- flops: 2 · b · w · (the layers' weights + the LM head's), plus attention, 4 · b · w · context · N · H per layer;
+- bytes: every weight once (the step's rows share the read), the KV cache read (2 · L · K · H · context per
+  sequence) and written (the same per new row), and the activations between the fused kernels (about
+  `ACTIVATION_VECTORS` vectors of D or F per row and layer);
+- a chip's time: max(flops / achievable flops, bytes / achievable bandwidth), each shared by the `tp` chips, plus two
+  all-reduces of the rows' activations per layer (ring: 2 (tp - 1) / tp of the bytes over the chip's link, and a
+  latency per hop), plus a fixed overhead per forward.
+
+Where `w` is small the weights' bytes dominate and the time hardly moves with `w`: that flat stretch, up to the
+chip's flops-to-bandwidth ratio (about 240 rows on a v6e in bf16, 650 on a v5e... divided by b), is where SAGE's
+large trees pay. On a CPU in float32 the ratio is a few rows, so there they do not.
+
+`Chip`s come from `configs/sage/paper_targets.py` (published peak bf16 flops, HBM bandwidth, interconnect);
+`measure_host()` gives one for this machine, and `predicted_profile` turns either into the `budget.CostProfile` that
+`--budget auto` starts from on an accelerator until its own measurements replace it. `Arch` counts a model's shapes:
+`Arch.of(cfg)` for an `LMConfig`, `Arch.eagle(cfg, ...)` for an EAGLE-style head over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from sage_jax.decoding.budget import CostProfile
+from sage_jax.io import paper_targets
+
+# Activations written and read between fused kernels, per row and layer, in vectors of D (or of F for the MLP's):
+# the residual and norm (2), q, k, v and attention's output (4), the MLP's gate, up and their product (3 of F).
+ACTIVATION_VECTORS_D, ACTIVATION_VECTORS_F = 6, 3
+# Fractions of the published peaks a well-fused step reaches: HBM streaming, and matmul throughput at the shapes of a
+# decoding step (tall, narrow activations against wide weights).
+BANDWIDTH_EFFICIENCY, FLOPS_EFFICIENCY = 0.85, 0.6
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator (or this host, `measure_host`): peak dense bf16 FLOP/s, HBM bytes/s, the interconnect's
+    bytes/s per chip for collectives (ICI or NVLink, one direction), latency per collective hop, overhead per
+    forward (the launch of one compiled step), HBM GiB."""
+
+    name: str
+    flops: float
+    bandwidth: float
+    link: float
+    hbm_gib: float
+    hop_latency_s: float = 2e-6
+    overhead_s: float = 50e-6
+    efficiency: tuple[float, float] = (FLOPS_EFFICIENCY, BANDWIDTH_EFFICIENCY)
+
+    @classmethod
+    def from_spec(cls, name: str, spec: paper_targets.ChipSpec) -> Chip:
+        """From a chip's published figures (TFLOP/s, GB/s, Gbit/s of interconnect)."""
+        return cls(name=name, flops=spec.bf16_tflops * 1e12, bandwidth=spec.hbm_gbps * 1e9,
+                   link=spec.link_gbits * 1e9 / 8, hbm_gib=spec.hbm_gib)
+
+
+def published() -> dict[str, Chip]:
+    """The chips of `configs/sage/paper_targets.py` by name ("v5e", "v6e", "v5p", "h100", "h200", ...)."""
+    return {name: Chip.from_spec(name, spec) for name, spec in paper_targets.chips().items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """The shapes a step's cost depends on: D, L, N, K, H, F, the LM head's rows (V, or a draft vocabulary), the
+    parameters outside the layers that every row multiplies by (an EAGLE head's input projection), bytes per weight
+    and per cached value."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    head_rows: int
+    extra_params: int = 0
+    weight_bytes: int = 2
+    cache_bytes: int = 2
+
+    @classmethod
+    def of(cls, cfg, dtype: str | None = None) -> Arch:
+        """An `LMConfig`'s shapes, its weights and cache in `dtype` (default: the config's)."""
+        nbytes = _bytes(dtype or cfg.dtype)
+        return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
+                   cfg.vocab_size, weight_bytes=_bytes(dtype or cfg.param_dtype), cache_bytes=nbytes)
+
+    @classmethod
+    def eagle(cls, cfg, head_rows: int | None = None, taps: int = 0, dtype: str | None = None) -> Arch:
+        """An EAGLE-style head over the target `cfg`: one decoder layer of the target's shape, its input
+        projection (2D -> D, with `taps` tapped layers (taps + 1)D -> D), and an LM head of `head_rows` rows
+        (default: the target's vocabulary)."""
+        d = cfg.d_model
+        base = cls.of(cfg, dtype)
+        return dataclasses.replace(base, n_layers=1, head_rows=head_rows or cfg.vocab_size,
+                                   extra_params=(max(taps, 1) + 1) * d * d)
+
+    @property
+    def layer_params(self) -> int:
+        d, h = self.d_model, self.head_dim
+        return d * h * (2 * self.n_heads + 2 * self.n_kv_heads) + 3 * d * self.mlp_dim
+
+    @property
+    def params(self) -> int:
+        """Parameters every row multiplies by: the layers, the LM head and any input projection (the embedding
+        table is only gathered from)."""
+        return self.n_layers * self.layer_params + self.head_rows * self.d_model + self.extra_params
+
+
+def draft_arch(spec, target_cfg, draft) -> Arch:
+    """The shapes of a decoding loop's draft (`drafters.DraftSpec` `spec`): a self-draft's first layers of the
+    target, an EAGLE-style head (`EagleWeights`: its own vocabulary's rows, its taps), or a separate LM."""
+    if spec.kind == "self":
+        return dataclasses.replace(Arch.of(target_cfg), n_layers=spec.n_layers)
+    if spec.kind == "eagle":
+        rows = draft.vocab.size if draft.vocab is not None else draft.cfg.vocab_size
+        return Arch.eagle(draft.cfg, rows, taps=len(draft.taps))
+    return Arch.of(draft.cfg)
+
+
+def _bytes(dtype: str) -> int:
+    return {"bfloat16": 2, "float16": 2, "float32": 4}[str(dtype)]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """One forward's work (totals over the `tp` chips) and its predicted seconds (on each chip, in parallel)."""
+
+    flops: float
+    bytes: float
+    collective_bytes: float
+    seconds: float
+    bound: str  # "memory", "compute" or "collective": the largest term
+
+
+def forward_cost(arch: Arch, width: int, chip: Chip, *, batch: int = 1, context: int = 1024, tp: int = 1
+                 ) -> StepCost:
+    """Predicted cost of one forward over `width` new rows for each of `batch` sequences (module docstring)."""
+    rows = batch * width
+    attn = 4 * rows * context * arch.n_heads * arch.head_dim * arch.n_layers
+    flops = 2 * rows * arch.params + attn
+    kv_row = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * arch.cache_bytes
+    acts = rows * arch.n_layers * (ACTIVATION_VECTORS_D * arch.d_model + ACTIVATION_VECTORS_F * arch.mlp_dim) \
+        * arch.cache_bytes * 2  # written, then read
+    nbytes = arch.params * arch.weight_bytes + batch * context * kv_row + rows * kv_row + acts
+    f_eff, b_eff = chip.efficiency
+    t_flops = flops / tp / (chip.flops * f_eff)
+    t_bytes = nbytes / tp / (chip.bandwidth * b_eff)
+    coll_bytes = 0.0
+    t_coll = 0.0
+    if tp > 1:  # two all-reduces of [rows, D] per layer (attention's and the MLP's outputs)
+        coll_bytes = 2 * arch.n_layers * rows * arch.d_model * arch.cache_bytes
+        t_coll = (2 * (tp - 1) / tp * coll_bytes / chip.link
+                  + 2 * arch.n_layers * 2 * (tp - 1) * chip.hop_latency_s)
+    terms = {"compute": t_flops, "memory": t_bytes, "collective": t_coll}
+    seconds = max(t_flops, t_bytes) + t_coll + chip.overhead_s
+    return StepCost(flops=float(flops), bytes=float(nbytes), collective_bytes=float(coll_bytes),
+                    seconds=float(seconds), bound=max(terms, key=terms.get))
+
+
+def predicted_profile(target: Arch, draft: Arch | None, chip: Chip, verify_widths, draft_widths, *,
+                      context: int = 1024, tp: int = 1) -> CostProfile:
+    """The `CostProfile` (ms per forward at each width) the model predicts for `target` verifying and `draft`
+    drafting (None: a self-draft is costed as the target) on `tp` chips."""
+    draft = draft or target
+    ms = lambda a, w: forward_cost(a, w, chip, context=context, tp=tp).seconds * 1e3  # noqa: E731
+    return CostProfile(device=f"{chip.name} (model)", verify_widths=list(verify_widths),
+                       verify_ms=[ms(target, w) for w in verify_widths], draft_widths=list(draft_widths),
+                       draft_ms=[ms(draft, w) for w in draft_widths], ar_ms=ms(target, 1))
+
+
+def chip_for(device_kind: str, chips: dict[str, Chip]) -> Chip | None:
+    """The chip of `chips` that jax's `device_kind` names ("TPU v6 lite" -> v6e, "NVIDIA H100 80GB HBM3" -> h100),
+    or None (a CPU, or a chip not listed)."""
+    kind = device_kind.lower()
+    aliases = {"v5 lite": "v5e", "v5litepod": "v5e", "v6 lite": "v6e", "v5p": "v5p", "v5": "v5p", "v4": "v4",
+               "h200": "h200", "h100": "h100", "h20": "h20"}
+    for needle, name in aliases.items():
+        if needle in kind and name in chips:
+            return chips[name]
+    return None
+
+
+def device_chip() -> Chip | None:
+    """The published chip this process's first device is (`chip_for`), None on a CPU or a chip not listed."""
+    import jax
+
+    dev = jax.devices()[0]
+    return None if dev.platform == "cpu" else chip_for(dev.device_kind, published())
+
+
+def measure_host(size_mb: int = 256, rows: int = 64, n: int = 2048, repeats: int = 5) -> Chip:
+    """This machine as a `Chip`: its streaming bandwidth (a float32 reduction over `size_mb` MB) and its float32
+    matmul throughput at a verify step's shape ([rows, n] @ [n, n]: few rows against a wide weight, which a CPU
+    runs far below its peak), both through XLA, the best of `repeats` runs; no interconnect."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((size_mb * 2**20 // 4,), jnp.float32)
+    a, w = jnp.ones((rows, n), jnp.float32), jnp.ones((n, n), jnp.float32)
+    reduce_, matmul = jax.jit(jnp.sum), jax.jit(lambda a: a @ w)
+
+    def best(fn, arg):
+        jax.block_until_ready(fn(arg))
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(arg))
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    bandwidth = x.nbytes / best(reduce_, x)
+    flops = 2 * rows * n * n / best(matmul, a)
+    # Measured peaks are what a step reaches at best, so no efficiency discount; the overhead is a CPU step's
+    # dispatch and small ops (a few tenths of a millisecond on 2 cores).
+    return Chip(name=f"{jax.devices()[0].device_kind} (measured)", flops=flops, bandwidth=bandwidth,
+                link=math.inf, hbm_gib=0.0, overhead_s=0.5e-3, efficiency=(1.0, 1.0))
+
+
+def flat_until(arch: Arch, chip: Chip, *, batch: int = 1, context: int = 1024, tp: int = 1, factor: float = 1.25,
+               widths=tuple(2**i for i in range(11))) -> int:
+    """The widest of `widths` whose forward costs at most `factor` times a one-row step's: how large a tree
+    verifies for about the price of one token."""
+    one = forward_cost(arch, 1, chip, batch=batch, context=context, tp=tp).seconds
+    ok = [w for w in widths if forward_cost(arch, w, chip, batch=batch, context=context, tp=tp).seconds
+          <= factor * one]
+    return int(max(ok)) if ok else 1
+
+
+def speedup(tokens_per_step: float, step_s: float, ar_s: float) -> float:
+    """Eq. 6 with modelled costs: (τ + 1) tokens per step of `step_s` against one per `ar_s`."""
+    return float(tokens_per_step * ar_s / step_s)
+
+
+def sage_step_seconds(target: Arch, draft: Arch, chip: Chip, *, nodes: int, depth: int, frontier: int,
+                      context: int = 1024, tp: int = 1, batch: int = 1) -> float:
+    """One speculative step: a catch-up draft forward of 2 rows, `depth - 1` draft levels at the frontier's width,
+    and the target's verify of the tree's `nodes` + the root."""
+    d = lambda w: forward_cost(draft, w, chip, batch=batch, context=context, tp=tp).seconds  # noqa: E731
+    v = forward_cost(target, nodes + 1, chip, batch=batch, context=context, tp=tp).seconds
+    return float(d(2) + max(depth - 1, 0) * d(frontier) + v)
+
+
+def widths_table(arch: Arch, chip: Chip, widths, **kw) -> np.ndarray:
+    """Predicted ms of a forward at each of `widths`."""
+    return np.asarray([forward_cost(arch, w, chip, **kw).seconds * 1e3 for w in widths])
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """A pair's predicted decoding on `tp` chips: plain decoding, SAGE at the paper's τ on its full trees, and SAGE
+    at the budget `--budget auto` would choose there from an acceptance record (None without one)."""
+
+    pair: str
+    chip: str
+    tp: int
+    weights_gib_per_chip: float
+    ar_ms: float
+    flat_rows: int
+    paper_tree: tuple[int, int]
+    paper_tok_s: float
+    chosen: tuple[int, int] | None
+    chosen_tokens_per_step: float | None
+    chosen_tok_s: float | None
+    reported: paper_targets.Reported | None
+
+    @property
+    def ar_tok_s(self) -> float:
+        return 1e3 / self.ar_ms
+
+
+def project(preset: paper_targets.TpuPreset, chip: Chip, *, tp: int, context: int = 8192, policy=None,
+            acceptance=None) -> Projection:
+    """`preset`'s target and draft (bf16) on `tp` chips of `chip`, attending to `context` tokens (a video prompt's
+    thousands of visual tokens): AR's step, the widest verify that costs about one step, SAGE's step with the
+    policy's full tree (`policy`, default the paper's SAGE) accepting the paper's τ, and with `acceptance` (an
+    `AcceptanceStats` of that policy's sizes) the budget the chooser takes on the predicted profile."""
+    from sage_jax.decoding import budget as budget_lib
+    from sage_jax.decoding import widths
+    from sage_jax.decoding.policies import TreePolicy
+
+    pol = policy or TreePolicy.sage()
+    _, t_cfg = preset.target.build_config(preset.dtype)
+    _, d_cfg = preset.draft.build_config(preset.dtype)
+    target, draft = Arch.of(t_cfg.text), Arch.of(d_cfg.text)
+    kw = dict(context=context, tp=tp)
+    ar = forward_cost(target, 1, chip, **kw).seconds
+    weights = sum(a.params + a.head_rows * a.d_model * (0 if cfg.tie_embeddings else 1)
+                  for a, cfg in ((target, t_cfg.text), (draft, d_cfg.text))) * 2 / tp / 2**30
+    tree = (pol.n_max, pol.d_cap)
+    step = sage_step_seconds(target, draft, chip, nodes=tree[0], depth=tree[1], frontier=pol.frontier, **kw)
+    paper_tok_s = (preset.reported.tau + 1) / step if preset.reported else float("nan")
+    chosen = per_step = chosen_tok_s = None
+    if acceptance is not None:
+        prof = predicted_profile(target, draft, chip, widths.verify_sizes(pol.tree_size),
+                                 widths.draft_sizes(pol.frontier), **kw)
+        ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
+                                      acceptance=acceptance)
+        chosen = ch.best()
+        per_step = ch.expected_tau(*chosen) + 1
+        chosen_tok_s = per_step / (ch.step_cost(*chosen) / 1e3)
+    return Projection(pair=preset.name, chip=chip.name, tp=tp, weights_gib_per_chip=weights, ar_ms=ar * 1e3,
+                      flat_rows=flat_until(target, chip, **kw), paper_tree=tree, paper_tok_s=paper_tok_s,
+                      chosen=chosen, chosen_tokens_per_step=per_step, chosen_tok_s=chosen_tok_s,
+                      reported=preset.reported)
+
+
+def projection_table(rows: list[Projection]) -> str:
+    """Markdown: each pair's predicted tokens/s of AR and of SAGE, beside what the paper measured on H20s."""
+    out = ["| pair | chips | weights / chip (GiB) | AR tok/s | verify flat to (rows) | SAGE at the paper's τ "
+           "(full tree N, D) | SAGE, `--budget auto` on our acceptance | paper (H20): AR tok/s, SAGE τ, speedup |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ours = "-" if r.chosen is None else (
+            f"{r.chosen_tok_s:.1f} tok/s, {r.chosen_tok_s / r.ar_tok_s:.2f}x "
+            f"(N {r.chosen[0]}, D {r.chosen[1]}, τ+1 {r.chosen_tokens_per_step:.2f})")
+        rep = r.reported
+        paper = "-" if rep is None else f"{rep.ar_tok_s:.2f}, τ {rep.tau:.2f}, {rep.speedup:.2f}x ({rep.benchmark})"
+        at_tau = "-" if rep is None else (f"{r.paper_tok_s:.1f} tok/s, {r.paper_tok_s / r.ar_tok_s:.2f}x "
+                                          f"(N {r.paper_tree[0]}, D {r.paper_tree[1]})")
+        out.append(f"| {r.pair} | {r.tp} x {r.chip} | {r.weights_gib_per_chip:.1f} | {r.ar_tok_s:.1f} | "
+                   f"{r.flat_rows} | {at_tau} | {ours} | {paper} |")
+    return "\n".join(out)
