@@ -12,9 +12,11 @@ tensor-parallel:
   all-reduces of the rows' activations per layer (ring: 2 (tp - 1) / tp of the bytes over the chip's link, and a
   latency per hop), plus a fixed overhead per forward.
 
-Where `w` is small the weights' bytes dominate and the time hardly moves with `w`: that flat stretch, up to the
-chip's flops-to-bandwidth ratio (about 240 rows on a v6e in bf16, 650 on a v5e... divided by b), is where SAGE's
-large trees pay. On a CPU in float32 the ratio is a few rows, so there they do not.
+Where `w` is small the weights' bytes dominate and the time hardly moves with `w`: with bf16 weights the flops
+catch up with the bytes at w = (achievable flops) / (achievable bandwidth) rows over the batch, about 400 on a
+v6e, 170 on a v5e, 120 on a v5p, 210 on an H100, 145 on an H200 and 26 on the paper's H20. That flat stretch is
+where SAGE's large trees pay. A CPU in float32 at a verify's shapes reaches it within a few rows, so there they do
+not.
 
 `Chip`s come from `configs/sage/paper_targets.py` (published peak bf16 flops, HBM bandwidth, interconnect);
 `measure_host()` gives one for this machine, and `predicted_profile` turns either into the `budget.CostProfile` that
