@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One prepared accelerator run (GPU machine or TPU VM), under 10 minutes:
+# One prepared accelerator run (GPU machine or TPU VM), under 8 minutes:
 #  1. the Pallas tree-attention kernel against the XLA path at 72B-layer shapes, and the verify forward of a
 #     random 7B-shaped target with --attention xla / pallas (benchmarks/sage/tree_attention_bench.py);
-#  2. verify-cost curves of random-weight targets (0.5B / 1.5B / 7B, bf16) at 1..256 tree nodes, and the tree-mask
-#     attention paths (benchmarks/sage/device_bench.py).
+#  2. verify-cost curves of random-weight targets (0.5B / 7B, bf16) at 1..1024 tree nodes beside the cost model's
+#     prediction for the chip, the tree-mask attention paths, and the shipped SmolLM2 + head end to end, AR against
+#     SAGE (--budget auto and full trees), every output compared with AR's (benchmarks/sage/device_bench.py).
 #   bash benchmarks/device_bench.sh            # results in $OUT (or out/device_bench)
-# Needs this checkout installed with the accelerator's jax (pip install -e . 'jax[cuda12]' or 'jax[tpu]').
+# Needs this checkout installed with the accelerator's jax (pip install -e ".[sage]" 'jax[cuda12]' or ".[sage,tpu]").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -13,5 +14,5 @@ OUT=${OUT:-out/device_bench}
 mkdir -p "$OUT"
 "$PY" -c "import jax; print(jax.devices())"
 # Each part keeps what it measured if the other fails or runs out of time.
-timeout 290 "$PY" benchmarks/sage/tree_attention_bench.py --out "$OUT" --seconds 200 | tee "$OUT/tree_attention.md"
-timeout 260 "$PY" benchmarks/sage/device_bench.py --out "$OUT" --seconds 170 | tee "$OUT/device_bench.md"
+timeout 150 "$PY" benchmarks/sage/tree_attention_bench.py --out "$OUT" --seconds 100 | tee "$OUT/tree_attention.md"
+timeout 320 "$PY" benchmarks/sage/device_bench.py --out "$OUT" --sizes 0.5b,7b --seconds 120 | tee "$OUT/device_bench.md"
