@@ -88,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
     arg("--matmul", choices=("auto", "xla"), default="auto", help="the models' matmuls: auto (on CPU, the few rows "
         "of a decode or verify step through the skinny kernel, cpu_kernels/skinny_matmul) or XLA's dot throughout")
+    arg("--dtype", choices=("float32", "bfloat16"), help="weights, activations and KV caches of target and draft "
+        "(default: as stored; bfloat16 keeps norms, RoPE, attention scores and logits in float32). In bfloat16, "
+        "and on accelerators, a verify forward can round a near-tie differently from a one-token step, so the "
+        "text may differ from plain decoding's (README, Exactness)")
     arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
         "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
         "one device")
@@ -174,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
                              prune_ratio=args.prune_ratio, prune=args.prune, attention=args.attention,
-                             matmul=args.matmul, mesh=mesh)
+                             matmul=args.matmul, mesh=mesh, dtype=args.dtype)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         if args.datastore and engine.datastore is None:

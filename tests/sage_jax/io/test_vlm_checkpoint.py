@@ -90,6 +90,20 @@ def _reference_logits(ref, inputs):
         return ref(**kw).logits.numpy()
 
 
+def test_bfloat16_logits_follow_float32(hf_vlm, rel_err):
+    """Both families loaded with `dtype="bfloat16"` (language model and vision tower in bf16; norms, RoPE, attention
+    scores and logits in float32): logits with images within 5% of the float32 model's scale, the same next token
+    at >= 90% of positions."""
+    family, path, _ = hf_vlm
+    m32, m16 = sage_jax.load(path), sage_jax.load(path, dtype="bfloat16")
+    assert m16.config.text.dtype == "bfloat16"
+    inputs = m32.inputs("Describe the pictures.", images=[_image(56, 84, 1), _image(70, 42, 2)])
+    l32, l16 = np.asarray(m32(**inputs))[0], np.asarray(m16(**inputs), np.float32)[0]
+    err, agree = rel_err(l16, l32), float(np.mean(l16.argmax(-1) == l32.argmax(-1)))
+    print(f"{family}: bf16 vs float32 logits rel err {err:.3f}, top-1 agreement {agree:.2f}")
+    assert err <= 0.05 and agree >= 0.9
+
+
 def test_load_and_convert_give_the_reference_logits(hf_vlm, tmp_path, rel_err, capsys):
     family, path, ref = hf_vlm
     model = sage_jax.load(path)
