@@ -99,10 +99,14 @@ def save(
     kind: str = "",
     provenance: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    stacked: tuple[str, ...] = (),
 ) -> str:
     """Writes `params` (a pure nested dict of arrays, possibly sharded) and `metadata.json` to `path`.
 
-    Refuses to replace an existing checkpoint unless `overwrite=True`. Returns the absolute path.
+    Refuses to replace an existing checkpoint unless `overwrite=True`. Returns the absolute path. `stacked`: the
+    top-level keys whose arrays hold one layer per index of their leading axis (an LM's "blocks"): stored one layer
+    per chunk, as `Writer` stores them, so that a `Reader` reads a layer without decoding its neighbours; other
+    arrays in chunks of at most `Writer.CHUNK_BYTES`.
 
     In a multi-host run every process calls `save` with the same `path`, which must be one folder all hosts see (a
     shared file system): Orbax writes each array's shards from the hosts holding them, an array held whole by every
@@ -124,7 +128,10 @@ def save(
     shapes = {k: [list(np.shape(v)), str(getattr(v, "dtype", np.asarray(v).dtype))] for k, v in flat.items()}
     meta = _metadata(kind, config, provenance, shapes)
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.join(path, PARAMS_DIR), dict(params), force=overwrite)
+    save_args = {k: jax.tree.map(lambda _, k=k: ocp.SaveArgs(chunk_byte_size=Writer.CHUNK_BYTES,
+                                                            shard_axes=(0,) if k in stacked else ()), v)
+                 for k, v in dict(params).items()}
+    ckptr.save(os.path.join(path, PARAMS_DIR), dict(params), save_args=save_args, force=overwrite)
     ckptr.wait_until_finished()
     if sharding.is_primary():
         with open(os.path.join(path, METADATA_FILE), "w") as f:
@@ -244,6 +251,52 @@ class _Committing:
 
     def __setitem__(self, index, value) -> None:
         self._array[index].write(np.asarray(value)).result()
+
+
+class Reader:
+    """Reads a checkpoint's arrays whole or slice by slice through tensorstore, from the storage Orbax wrote (zarr or
+    zarr3 arrays in one OCDBT database), so that a loader can build another layout of the weights piece by piece
+    with only that piece in host memory beside what it has built (`sage_jax.io.lm_checkpoint.load_serving`). A slice
+    costs the chunks it touches: `Writer` stores a stacked array one layer per chunk, `save` in chunks of at most
+    `Writer.CHUNK_BYTES` (a checkpoint saved before that may hold an array in one chunk: still read right, at the
+    cost of decoding it whole for each slice).
+
+        reader = checkpoint.Reader(path)
+        wq_3 = reader.read("blocks/wq", 3)          # layer 3 of a stacked [L, D, N, H] array, as numpy
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        import tensorstore as ts
+
+        self.path = os.path.abspath(os.fspath(path))
+        self.meta = read_metadata(self.path)
+        self._params = os.path.join(self.path, PARAMS_DIR)
+        try:
+            with open(os.path.join(self._params, "_METADATA")) as f:
+                self._zarr3 = bool(json.load(f).get("use_zarr3"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{self._params}/_METADATA is unreadable: {e}") from None
+        # No cache: a chunk read for one slice is not kept for the next (memory is what this reader saves).
+        self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
+        self._arrays: dict[str, Any] = {}
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every stored array's shape, by its "a/b/c" key."""
+        return {k: tuple(v[0]) for k, v in self.meta["params"].items()}
+
+    def read(self, key: str, index: Any = ()) -> np.ndarray:
+        """`key`'s array, or its slice `index` (anything numpy indexing takes on the stored shape), as numpy in the
+        stored dtype."""
+        import tensorstore as ts
+
+        if key not in self.meta["params"]:
+            raise CheckpointError(f"{self.path} holds no array '{key}'")
+        if key not in self._arrays:
+            spec = {"driver": "zarr3" if self._zarr3 else "zarr",
+                    "kvstore": {"driver": "ocdbt", "base": f"file://{self._params}", "path": key.replace("/", ".")}}
+            self._arrays[key] = ts.open(spec, context=self._context, open=True, read=True).result()
+        return np.asarray(self._arrays[key][index].read().result())
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

@@ -132,8 +132,9 @@ class Engine:
     """A target LM or vision-language model (+ a draft) ready to generate with any policy.
 
     Args:
-      target: the target, a `CausalLM` (from `sage_jax.load`), an NNX `Decoder`, or a `VisionLM` (Qwen2.5-VL,
-        LLaVA-OneVision): prompts then take images and videos.
+      target: the target, a `CausalLM` (from `sage_jax.load`), an NNX `Decoder`, a serving-form `LM` (from
+        `sage_jax.io.loader.load_serving`: one copy of the weights, what `load_engine` builds), or a `VisionLM`
+        (Qwen2.5-VL, LLaVA-OneVision): prompts then take images and videos.
       draft: a separate draft LM with the target's vocabulary (`CausalLM` or `Decoder`; for a vision-language
         target a smaller `VisionLM` of its family, which sees the images through its own tower), an EAGLE-style
         head (`EagleWeights`), or None.
@@ -159,7 +160,7 @@ class Engine:
         `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """
 
-    def __init__(self, target: CausalLM | Decoder | VisionLM,
+    def __init__(self, target: CausalLM | Decoder | VisionLM | serving_lm.LM,
                  draft: CausalLM | Decoder | EagleWeights | VisionLM | None = None, *,
                  draft_spec: DraftSpec | None = None, sampling: SamplingConfig | None = None, tokenizer=None,
                  profile_dir: str | None = None, acceptance_prior: dict[str, dict] | None = None,
@@ -594,10 +595,14 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     # The default target drafts with the shipped head by default, the shipped VLM with its own fine-tuned copy.
     shipped_vlm = isinstance(target, str | os.PathLike) and os.path.abspath(target) == loader.DEFAULT_VLM
     shipped = draft is None and draft_layers is None and (target is None or shipped_vlm)
+    tokenizer = None
+    spec = target if target is not None else loader.default_target()
     if isinstance(target, CausalLM | VisionLM):
         lm_t = target
-    else:
-        lm_t = loader.load(target if target is not None else loader.default_target(), dtype=dtype, mesh=mesh)
+    elif loader.is_vision_lm(spec):
+        lm_t = loader.load(spec, dtype=dtype, mesh=mesh)
+    else:  # a text LM: its serving form straight from the file, one copy of the weights
+        lm_t, tokenizer = loader.load_serving(spec, dtype=dtype, mesh=mesh)
     if shipped:
         draft = loader.default_vlm_draft() if shipped_vlm else loader.default_draft()
     n_layers = lm_t.serving().n_layers
@@ -606,7 +611,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         n = draft_layers if draft_layers is not None else self_draft_layers(n_layers)
         if n > n_layers:
             raise ValueError(f"a self-draft of {n} layers: the target has only {n_layers}")
-        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, **opts)
+        return Engine(lm_t, draft_spec=DraftSpec(kind="self", n_layers=n), sampling=sampling, tokenizer=tokenizer,
+                      **opts)
     if isinstance(draft, CausalLM | VisionLM):
         d, desc = draft, f"{'VLM' if isinstance(draft, VisionLM) else 'LM'} {draft.source or 'in memory'}"
     elif lm_checkpoint.kind_of(draft) == lm_checkpoint.HEAD_KIND:
@@ -628,4 +634,5 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
             raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")
     prior = {} if isinstance(draft, CausalLM | VisionLM) else lm_checkpoint.read_acceptance(draft).get("policies", {})
     kept = None if isinstance(draft, CausalLM | VisionLM) else datastore_lib.load(os.fspath(draft))
-    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, datastore=kept, **opts)
+    return Engine(lm_t, d, sampling=sampling, acceptance_prior=prior, description=desc, datastore=kept,
+                  tokenizer=tokenizer, **opts)

@@ -106,7 +106,7 @@ def build(args: argparse.Namespace) -> Suite:
     runners = {"ours": M.OursRunner(engine, lm_engine, args.max_new_tokens, xla_engine)}
     if any(m.kind == "hf" for m in methods):
         cfg, tok = engine.cfg, engine.tokenizer
-        params = _module(engine.target).params()
+        params = _canonical_params(engine.target, args.target)
         t_dir = M.export_hf(cfg, params, tok, root=hf_root)
         if draft_lm is None:
             d_dir = M.export_hf(cfg, params, tok, n_layers=n_lm, root=hf_root)
@@ -126,9 +126,16 @@ def build(args: argparse.Namespace) -> Suite:
                  draft_path=draft_path)
 
 
-def _module(target):
-    """The NNX `Decoder` of an engine's target (a `CausalLM` holds one)."""
-    return getattr(target, "module", target)
+def _canonical_params(target, spec):
+    """The canonical parameter tree of an engine's target, for exporting it to transformers: a `CausalLM`'s or
+    `Decoder`'s own, else (the serving form `load_engine` builds) read again from `spec` (default: the shipped
+    target)."""
+    from sage_jax.io import loader
+
+    module = getattr(target, "module", target)
+    if hasattr(module, "params"):
+        return module.params()
+    return loader.load_lm(spec if spec is not None else loader.default_target())[1].params()
 
 
 def _tiny_target(head_dim: int = 16):

@@ -17,6 +17,8 @@ A draft of either kind may hold `acceptance.json`: per tree policy, its acceptan
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import os
 from collections.abc import Mapping
@@ -53,7 +55,8 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 def save_lm(path: str | os.PathLike, cfg: LMConfig, params: Mapping[str, Any], tokenizer=None, *,
             provenance: Mapping[str, Any] | None = None, overwrite: bool = False) -> str:
     """Writes params (pure nested dict, numpy or jax, possibly sharded) + config + tokenizer. Returns the path."""
-    path = checkpoint.save(path, params, config=cfg, kind=KIND, provenance=provenance, overwrite=overwrite)
+    path = checkpoint.save(path, params, config=cfg, kind=KIND, provenance=provenance, overwrite=overwrite,
+                           stacked=("blocks",))
     if tokenizer is not None:
         tokenizer.save_pretrained(os.path.join(path, TOKENIZER_DIR))
     return path
@@ -115,6 +118,80 @@ def load_lm(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.shar
     cfg = with_dtype(read_config(path), dtype)
     graphdef, state = abstract_model(cfg)
     return cfg, restore_module(path, graphdef, state, mesh), read_tokenizer(path)
+
+
+def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None):
+    """Our LM checkpoint -> (config, its serving form `serving_lm.LM`, tokenizer or None), built while restoring.
+
+    Layer by layer, each layer's arrays are read from the checkpoint (`checkpoint.Reader`), cast to the config's
+    dtype, placed (on `mesh`, by the inference rules, as `Decoder.serving` places them), fused into the serving
+    layout and kept; the canonical layer is dropped before the next is read. So the host holds one layer beside what
+    is placed, and the canonical form never exists whole: loading peaks at about the served weights plus a layer,
+    where restoring a `Decoder` and then fusing it (`load_lm(...)[1].serving()`) holds both forms at once. The
+    result equals that of the second way, array for array."""
+    from jax.sharding import SingleDeviceSharding
+
+    from sage_jax.models import serving_lm
+
+    cfg = with_dtype(read_config(path), dtype)
+    _, state = abstract_model(cfg)
+    abstract = nnx.to_pure_dict(state)
+    reader = checkpoint.Reader(path)
+    checkpoint.check_fits(reader.meta, abstract)
+    dt = jnp.dtype(cfg.param_dtype)
+    if mesh is None:
+        one = SingleDeviceSharding(jax.local_devices()[0])
+        where = jax.tree.map(lambda _: one, abstract)
+        groups, layout = (1, 1), None
+    else:
+        with sharding.use(mesh, "inference"):
+            where = nnx.to_pure_dict(sharding.state_shardings(state, mesh))
+        placed = jax.tree.map(lambda a, w: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=w), abstract, where)
+        groups, layout = serving_lm.serving_layout(cfg, placed)
+
+    def put(value: np.ndarray, at) -> jax.Array:
+        return sharding.place(np.asarray(value).astype(dt, copy=False), at)
+
+    parts = [part for part, keys in serving_lm.SERVING_PARTS.items() if all(k in abstract["blocks"] for k in keys)]
+    # Where each serving matrix goes: one device, or cut on the mesh as `Decoder.serving` cuts it.
+    out_at = (lambda k: where["embed"]) if layout is None else (lambda k: layout.layers[0][k])  # noqa: E731
+    # The embedding and head first: their host copies come and go while little else is held.
+    top = {k: put(reader.read(k), where[k]) for k in abstract if k != "blocks"}
+    _release_host_memory()
+    layers = []
+    for i in range(cfg.n_layers):
+        layer = {}
+        for part in parts:  # one part at a time, fused on the host: it holds only this part's arrays
+            canonical = {k: reader.read(f"blocks/{k}", i) for k in serving_lm.SERVING_PARTS[part]}
+            for k, v in serving_lm.serving_part(cfg, part, canonical, groups, xp=np).items():
+                layer[k] = jax.block_until_ready(put(np.ascontiguousarray(v), out_at(k)))
+            del canonical
+            _release_host_memory()
+        layers.append(layer)
+    lm = serving_lm.LM(embed=top["embed"], final_norm=top["final_norm"], lm_head=top.get("lm_head"),
+                       layers=tuple(layers), cfg=cfg, groups=groups)
+    return cfg, lm, read_tokenizer(path)
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _release_host_memory() -> None:
+    """Frees what the last part left behind now: its objects in reference cycles (the collector), and the heap pages
+    its host buffers came from (glibc's `malloc_trim`, where the C library has it), which a process keeps for reuse
+    otherwise, so that loading part by part does not end up holding a part's worth of free heap per size."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def restore_module(path: str | os.PathLike, graphdef, state, mesh: jax.sharding.Mesh | None = None):

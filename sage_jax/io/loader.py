@@ -226,6 +226,28 @@ def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cac
     return cfg, lm_checkpoint.build(cfg, params, mesh), tok
 
 
+def load_serving(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """A text LM (GGUF file, HF directory or our checkpoint) -> (its serving form `serving_lm.LM`, tokenizer or
+    None): what an `Engine` runs, with one copy of the weights. Our checkpoints (GGUF files through the conversion
+    cache) are fused layer by layer while they are restored (`lm_checkpoint.load_serving`); anything read into
+    memory first (an HF directory, a GGUF file without a usable cache) is fused from it."""
+    kind = detect(spec)
+    if kind == "vlm":
+        raise ValueError(f"{os.fspath(spec)} is a vision-language model; load it with sage_jax.load")
+    if kind == "gguf" and not lm_checkpoint.is_checkpoint(cache_path(spec)):
+        _, module, tok = load_lm(spec, dtype=dtype, mesh=mesh)  # converts into the cache
+        if not lm_checkpoint.is_checkpoint(cache_path(spec)):  # an unusable cache: fuse what was read
+            return module.serving(), tok
+        del module
+    if kind == "gguf":
+        spec, kind = cache_path(spec), "checkpoint"
+    if kind == "checkpoint":
+        _, lm, tok = lm_checkpoint.load_serving(spec, dtype=dtype, mesh=mesh)
+        return lm, tok
+    _, module, tok = load_lm(spec, dtype=dtype, mesh=mesh)
+    return module.serving(), tok
+
+
 def load(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
     """`sage_jax.load`: a GGUF file, an HF directory or our checkpoint -> a model called as transformers' is,
     `model(**processor_outputs) -> logits [B, T, V]` (float32):

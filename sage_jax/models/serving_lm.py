@@ -42,16 +42,18 @@ MODEL_SCOPE = "model"
 Groups = tuple[int, int]
 
 
+def _cat(parts, g, xp=jnp):
+    """[..., X_i] each -> [..., sum X_i], group-major: [p0_0 | p1_0 | .. | p0_1 | p1_1 | ..]."""
+    lead = parts[0].shape[:-1]
+    return xp.concatenate([x.reshape(*lead, g, -1) for x in parts], -1).reshape(*lead, -1)
+
+
 def fuse_layer(cfg: LMConfig, p: dict, groups: Groups = (1, 1)) -> dict:
     """One layer's canonical params (wq [D,N,H], ...) -> fused 2-D matrices (wqkv [D, (N+2K)H], ...), their columns
     in `groups` (see `Groups`)."""
     d = cfg.d_model
     ga, gm = groups
-
-    def cat(parts, g):  # [..., X_i] each -> [..., sum X_i], group-major: [p0_0 | p1_0 | .. | p0_1 | p1_1 | ..]
-        lead = parts[0].shape[:-1]
-        return jnp.concatenate([x.reshape(*lead, g, -1) for x in parts], -1).reshape(*lead, -1)
-
+    cat = _cat
     out = {
         "attn_norm": p["attn_norm"], "mlp_norm": p["mlp_norm"],
         "wqkv": cat([p["wq"].reshape(d, -1), p["wk"].reshape(d, -1), p["wv"].reshape(d, -1)], ga),
@@ -78,6 +80,32 @@ def _split(x: Float[Array, "..."], sizes: tuple[int, ...], g: int, names: tuple[
     ends = np.cumsum([0, *(n // g for n in sizes)])
     return [jax.lax.slice_in_dim(x, int(lo), int(hi), axis=axis + 1).reshape(*shape[:axis], -1, *shape[axis + 1:])
             for lo, hi in zip(ends[:-1], ends[1:], strict=True)]
+
+
+#: The parts of a serving layer, each with the canonical arrays it is made from (`serving_part`).
+SERVING_PARTS: dict[str, tuple[str, ...]] = {
+    "norms": ("attn_norm", "mlp_norm"), "qkv": ("wq", "wk", "wv"), "bqkv": ("bq", "bk", "bv"), "o": ("wo",),
+    "gate_up": ("w_gate", "w_up"), "down": ("w_down",)}
+
+
+def serving_part(cfg: LMConfig, part: str, p: dict, groups: Groups = (1, 1), xp=jnp) -> dict:
+    """The entries of `serving_layer(fuse_layer(cfg, layer, groups))` that `part` (`SERVING_PARTS`) makes, from only
+    the canonical arrays it is made of (`p`): a layer built piece by piece, as a loader does to hold little beside
+    what it has built (`sage_jax.io.lm_checkpoint.load_serving`, on the host: `xp=numpy`). The same values as the
+    whole layer's (only copies and transposes)."""
+    q = {k: p[k] for k in SERVING_PARTS[part]}
+    d = cfg.d_model
+    if part == "norms":
+        return q
+    if part == "qkv":
+        return {"qkv": _cat([q[k].reshape(d, -1) for k in ("wq", "wk", "wv")], groups[0], xp).T}
+    if part == "bqkv":
+        return {"bqkv": _cat([q[k].reshape(-1) for k in ("bq", "bk", "bv")], groups[0], xp)}
+    if part == "o":
+        return {"o": q["wo"].reshape(-1, d).T}
+    if part == "gate_up":
+        return {"gate_up": _cat([q["w_gate"], q["w_up"]], groups[1], xp).T}
+    return {"down": q["w_down"].T}
 
 
 def serving_layer(p: dict) -> dict:
@@ -298,6 +326,10 @@ class LM:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def serving(self) -> LM:
+        """Itself: an `LM` stands wherever a model is asked for its serving form (`Decoder.serving`, `Engine`)."""
+        return self
 
     def truncated(self, n: int) -> LM:
         """The first `n` layers with this model's final norm and head (the self-draft)."""
