@@ -3,7 +3,7 @@ near-tie differently from a one-token step (README, Exactness).
 
     python benchmarks/sage/bf16_agreement.py OUT.json [--prompts 8] [--max-new-tokens 96] [--dtypes bfloat16,float32]
 
-The shipped SmolLM2-135M-Instruct and head, SAGE's full trees (`--budget static`) against AR, one prompt at a time,
+The shipped SmolLM2-135M-Instruct and head, SAGE's full trees (`budget=None`, the policy's static sizes) against AR, one prompt at a time,
 on the held-out chat prompts, with XLA's dot (`matmul="xla"`: what TPUs and GPUs run; on a CPU in float32 our
 skinny kernel makes every row's bits independent of the row count, so there the outputs always agree). Per dtype:
 the share of identical outputs and, for each that differs, the position of the first differing token. OUT.json
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         diffs = []
         for p in prompts:
             ar = engine.generate([p], policy="ar", max_new_tokens=args.max_new_tokens).token_ids[0]
-            sage = engine.generate([p], policy="sage", budget="static", max_new_tokens=args.max_new_tokens)
+            sage = engine.generate([p], policy="sage", budget=None, max_new_tokens=args.max_new_tokens)
             diffs.append(first_difference(sage.token_ids[0], ar))
         same = sum(d is None for d in diffs)
         result["rows"][dtype] = {"identical": same, "first_difference": diffs}
