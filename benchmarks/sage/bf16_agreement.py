@@ -4,10 +4,10 @@ near-tie differently from a one-token step (README, Exactness).
     python benchmarks/sage/bf16_agreement.py OUT.json [--prompts 8] [--max-new-tokens 96] [--dtypes bfloat16,float32]
 
 The shipped SmolLM2-135M-Instruct and head, SAGE's full trees (`budget=None`, the policy's static sizes) against
-AR, one prompt at a time, on the held-out chat prompts, with XLA's dot (`matmul="xla"`: what TPUs and GPUs run; on a CPU in float32 our
-skinny kernel makes every row's bits independent of the row count, so there the outputs always agree). Per dtype:
-the share of identical outputs and, for each that differs, the position of the first differing token. OUT.json
-records what produced it (`configs.provenance`).
+AR, one prompt at a time, on the held-out chat prompts, with XLA's dot (`matmul="xla"`: what TPUs and GPUs run; on
+a CPU in float32 our skinny kernel makes every row's bits independent of the row count, so there the outputs always
+agree). Per dtype: the share of identical outputs and, for each that differs, the position of the first differing
+token. OUT.json records what produced it (`configs.provenance`).
 """
 
 from __future__ import annotations
