@@ -34,6 +34,7 @@ import numpy as np
 
 from sage_jax.decoding.budget import CostProfile
 from sage_jax.io import paper_targets
+from sage_jax.models.config import LMConfig
 
 # Activations written and read between fused kernels, per row and layer, in vectors of D (or of F for the MLP's):
 # the residual and norm (2), q, k, v and attention's output (4), the MLP's gate, up and their product (3 of F).
@@ -72,55 +73,48 @@ def published() -> dict[str, Chip]:
 
 @dataclasses.dataclass(frozen=True)
 class Arch:
-    """The shapes a step's cost depends on: D, L, N, K, H, F, the LM head's rows (V, or a draft vocabulary), the
-    parameters outside the layers that every row multiplies by (an EAGLE head's input projection), bytes per weight
-    and per cached value."""
+    """A model's shapes for the cost model: its `LMConfig` (D, L, N, K, H, F), the LM head's rows (V, or a draft
+    vocabulary), the parameters outside the layers that every row multiplies by (an EAGLE head's input projection),
+    bytes per weight and per cached value."""
 
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    mlp_dim: int
+    lm: LMConfig
     head_rows: int
     extra_params: int = 0
     weight_bytes: int = 2
     cache_bytes: int = 2
 
     @classmethod
-    def of(cls, cfg, dtype: str | None = None) -> Arch:
+    def of(cls, cfg: LMConfig, dtype: str | None = None) -> Arch:
         """An `LMConfig`'s shapes, its weights and cache in `dtype` (default: the config's)."""
-        nbytes = _bytes(dtype or cfg.dtype)
-        return cls(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim,
-                   cfg.vocab_size, weight_bytes=_bytes(dtype or cfg.param_dtype), cache_bytes=nbytes)
+        return cls(cfg, cfg.vocab_size, weight_bytes=_bytes(dtype or cfg.param_dtype),
+                   cache_bytes=_bytes(dtype or cfg.dtype))
 
     @classmethod
-    def eagle(cls, cfg, head_rows: int | None = None, taps: int = 0, dtype: str | None = None) -> Arch:
+    def eagle(cls, cfg: LMConfig, head_rows: int | None = None, taps: int = 0, dtype: str | None = None) -> Arch:
         """An EAGLE-style head over the target `cfg`: one decoder layer of the target's shape, its input
         projection (2D -> D, with `taps` tapped layers (taps + 1)D -> D), and an LM head of `head_rows` rows
         (default: the target's vocabulary)."""
-        d = cfg.d_model
-        base = cls.of(cfg, dtype)
-        return dataclasses.replace(base, n_layers=1, head_rows=head_rows or cfg.vocab_size,
-                                   extra_params=(max(taps, 1) + 1) * d * d)
+        return dataclasses.replace(cls.of(cfg, dtype), lm=cfg.replace(n_layers=1),
+                                   head_rows=head_rows or cfg.vocab_size,
+                                   extra_params=(max(taps, 1) + 1) * cfg.d_model * cfg.d_model)
 
     @property
     def layer_params(self) -> int:
-        d, h = self.d_model, self.head_dim
-        return d * h * (2 * self.n_heads + 2 * self.n_kv_heads) + 3 * d * self.mlp_dim
+        c = self.lm
+        return c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads) + 3 * c.d_model * c.mlp_dim
 
     @property
     def params(self) -> int:
         """Parameters every row multiplies by: the layers, the LM head and any input projection (the embedding
         table is only gathered from)."""
-        return self.n_layers * self.layer_params + self.head_rows * self.d_model + self.extra_params
+        return self.lm.n_layers * self.layer_params + self.head_rows * self.lm.d_model + self.extra_params
 
 
 def draft_arch(spec, target_cfg, draft) -> Arch:
     """The shapes of a decoding loop's draft (`drafters.DraftSpec` `spec`): a self-draft's first layers of the
     target, an EAGLE-style head (`EagleWeights`: its own vocabulary's rows, its taps), or a separate LM."""
     if spec.kind == "self":
-        return dataclasses.replace(Arch.of(target_cfg), n_layers=spec.n_layers)
+        return Arch.of(target_cfg.replace(n_layers=spec.n_layers))
     if spec.kind == "eagle":
         rows = draft.vocab.size if draft.vocab is not None else draft.cfg.vocab_size
         return Arch.eagle(draft.cfg, rows, taps=len(draft.taps))
@@ -145,11 +139,12 @@ class StepCost:
 def forward_cost(arch: Arch, width: int, chip: Chip, *, batch: int = 1, context: int = 1024, tp: int = 1
                  ) -> StepCost:
     """Predicted cost of one forward over `width` new rows for each of `batch` sequences (module docstring)."""
+    c = arch.lm
     rows = batch * width
-    attn = 4 * rows * context * arch.n_heads * arch.head_dim * arch.n_layers
+    attn = 4 * rows * context * c.n_heads * c.head_dim * c.n_layers
     flops = 2 * rows * arch.params + attn
-    kv_row = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * arch.cache_bytes
-    acts = rows * arch.n_layers * (ACTIVATION_VECTORS_D * arch.d_model + ACTIVATION_VECTORS_F * arch.mlp_dim) \
+    kv_row = 2 * c.n_layers * c.n_kv_heads * c.head_dim * arch.cache_bytes
+    acts = rows * c.n_layers * (ACTIVATION_VECTORS_D * c.d_model + ACTIVATION_VECTORS_F * c.mlp_dim) \
         * arch.cache_bytes * 2  # written, then read
     nbytes = arch.params * arch.weight_bytes + batch * context * kv_row + rows * kv_row + acts
     f_eff, b_eff = chip.efficiency
@@ -158,9 +153,9 @@ def forward_cost(arch: Arch, width: int, chip: Chip, *, batch: int = 1, context:
     coll_bytes = 0.0
     t_coll = 0.0
     if tp > 1:  # two all-reduces of [rows, D] per layer (attention's and the MLP's outputs)
-        coll_bytes = 2 * arch.n_layers * rows * arch.d_model * arch.cache_bytes
+        coll_bytes = 2 * c.n_layers * rows * c.d_model * arch.cache_bytes
         t_coll = (2 * (tp - 1) / tp * coll_bytes / chip.link
-                  + 2 * arch.n_layers * 2 * (tp - 1) * chip.hop_latency_s)
+                  + 2 * c.n_layers * 2 * (tp - 1) * chip.hop_latency_s)
     terms = {"compute": t_flops, "memory": t_bytes, "collective": t_coll}
     seconds = max(t_flops, t_bytes) + t_coll + chip.overhead_s
     return StepCost(flops=float(flops), bytes=float(nbytes), collective_bytes=float(coll_bytes),
@@ -294,8 +289,8 @@ def project(preset: paper_targets.TpuPreset, chip: Chip, *, tp: int, context: in
     target, draft = Arch.of(t_cfg.text), Arch.of(d_cfg.text)
     kw = dict(context=context, tp=tp)
     ar = forward_cost(target, 1, chip, **kw).seconds
-    weights = sum(a.params + a.head_rows * a.d_model * (0 if cfg.tie_embeddings else 1)
-                  for a, cfg in ((target, t_cfg.text), (draft, d_cfg.text))) * 2 / tp / 2**30
+    weights = sum(a.params + a.head_rows * a.lm.d_model * (0 if a.lm.tie_embeddings else 1)
+                  for a in (target, draft)) * 2 / tp / 2**30
     tree = (pol.n_max, pol.d_cap)
     step = sage_step_seconds(target, draft, chip, nodes=tree[0], depth=tree[1], frontier=pol.frontier, **kw)
     paper_tok_s = (preset.reported.tau + 1) / step if preset.reported else float("nan")
