@@ -1,27 +1,16 @@
 """The prepared accelerator run (`benchmarks/device_bench.sh` -> `benchmarks/sage/device_bench.py`) at tiny sizes
 on this CPU, so that a device's minutes are not spent finding its bugs."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "sage" / "device_bench.py"
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("device_bench", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_cpu_smoke_run_writes_measured_and_predicted_curves(tmp_path, capsys):
+def test_cpu_smoke_run_writes_measured_and_predicted_curves(tmp_path, capsys, benchmark_script):
     """Tiny sizes: the verify curve beside the cost model's prediction for this machine, the attention paths, what
     produced the file; every cost positive and the widest verify dearer than one node."""
-    _bench().main(["--out", str(tmp_path), "--sizes", "tiny", "--widths", "1,2,8,32", "--seconds", "30",
-                   "--attention-widths", "16", "--e2e-prompts", "0"])
+    benchmark_script("device_bench").main(["--out", str(tmp_path), "--sizes", "tiny", "--widths", "1,2,8,32",
+                                           "--seconds", "30", "--attention-widths", "16", "--e2e-prompts", "0"])
     res = json.loads((tmp_path / "device_bench.json").read_text())
     meas, pred = res["verify_ms"]["tiny"], res["predicted_ms"]["tiny"]
     assert list(meas) == list(pred) == ["1", "2", "8", "32"]
@@ -32,11 +21,12 @@ def test_cpu_smoke_run_writes_measured_and_predicted_curves(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_cpu_smoke_run_end_to_end(tmp_path):
+def test_cpu_smoke_run_end_to_end(tmp_path, benchmark_script):
     """The end-to-end part on one prompt: the shipped SmolLM2 and head, AR, SAGE auto and SAGE's full trees, each
     output identical to AR's on this CPU (float32)."""
-    _bench().main(["--out", str(tmp_path), "--sizes", "tiny", "--widths", "1,2", "--seconds", "30",
-                   "--attention-widths", "", "--e2e-prompts", "1", "--e2e-tokens", "8"])
+    benchmark_script("device_bench").main(["--out", str(tmp_path), "--sizes", "tiny", "--widths", "1,2",
+                                           "--seconds", "30", "--attention-widths", "", "--e2e-prompts", "1",
+                                           "--e2e-tokens", "8"])
     e2e = json.loads((tmp_path / "device_bench.json").read_text())["end_to_end"]
     assert set(e2e) == {"ar", "sage-auto", "sage-full"}
     assert all(r["identical"] == r["prompts"] == 1 for r in e2e.values())

@@ -1,8 +1,6 @@
 """The step profiler's attribution: model ops carry the model name scope through XLA, the loop's own do not."""
 
-import importlib.util
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -11,18 +9,9 @@ from flax import nnx
 from sage_jax.decoding.tree import causal_visibility
 from sage_jax.models import Decoder, LMConfig
 
-_PATH = pathlib.Path(__file__).parents[3] / "benchmarks" / "sage" / "step_profile.py"
 
-
-def _profiler():
-    spec = importlib.util.spec_from_file_location("step_profile", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_model_ops_and_loop_ops_are_told_apart(tmp_path):
-    sp = _profiler()
+def test_model_ops_and_loop_ops_are_told_apart(tmp_path, benchmark_script):
+    sp = benchmark_script("step_profile")
     model = Decoder(LMConfig.tiny(), rngs=nnx.Rngs(0)).serving()
 
     def step(tokens):
@@ -49,8 +38,8 @@ def test_model_ops_and_loop_ops_are_told_apart(tmp_path):
     assert sp.classify("jit_step", "no-such-op.1", names) == "other"
 
 
-def test_unnamed_copies_count_as_model_work_only_when_every_user_is_the_models(tmp_path):
-    sp = _profiler()
+def test_unnamed_copies_count_as_model_work_only_when_every_user_is_the_models(tmp_path, benchmark_script):
+    sp = benchmark_script("step_profile")
     # A hand-written optimised module: XLA's layout copies carry no op_name metadata.
     text = """HloModule jit_f
 
