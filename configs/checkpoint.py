@@ -288,6 +288,13 @@ class Reader:
     def read(self, key: str, index: Any = ()) -> np.ndarray:
         """`key`'s array, or its slice `index` (anything numpy indexing takes on the stored shape), as numpy in the
         stored dtype."""
+        return np.asarray(self._array(key)[index].read().result())
+
+    def chunk_shape(self, key: str) -> tuple[int, ...]:
+        """The shape of `key`'s stored chunks: a read costs every chunk it touches, whole."""
+        return tuple(int(n) for n in self._array(key).chunk_layout.read_chunk.shape)
+
+    def _array(self, key: str):
         import tensorstore as ts
 
         if key not in self.meta["params"]:
@@ -296,7 +303,7 @@ class Reader:
             spec = {"driver": "zarr3" if self._zarr3 else "zarr",
                     "kvstore": {"driver": "ocdbt", "base": f"file://{self._params}", "path": key.replace("/", ".")}}
             self._arrays[key] = ts.open(spec, context=self._context, open=True, read=True).result()
-        return np.asarray(self._arrays[key][index].read().result())
+        return self._arrays[key]
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:

@@ -18,7 +18,6 @@ A draft of either kind may hold `acceptance.json`: per tree policy, its acceptan
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import os
 from collections.abc import Mapping
@@ -158,16 +157,21 @@ def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax
     # The embedding and head first: their host copies come and go while little else is held.
     top = {k: put(reader.read(k), where[k]) for k in abstract if k != "blocks"}
     _release_host_memory()
-    layers = []
-    for i in range(cfg.n_layers):
-        layer = {}
-        for part in parts:  # one part at a time, fused on the host: it holds only this part's arrays
-            canonical = {k: reader.read(f"blocks/{k}", i) for k in serving_lm.SERVING_PARTS[part]}
-            for k, v in serving_lm.serving_part(cfg, part, canonical, groups, xp=np).items():
-                layer[k] = jax.block_until_ready(put(np.ascontiguousarray(v), out_at(k)))
-            del canonical
+    layers = [{} for _ in range(cfg.n_layers)]
+    for part in parts:  # one part at a time, fused on the host: it holds only this part's arrays
+        keys = serving_lm.SERVING_PARTS[part]
+        # Layers read together as they are stored: one per chunk as `checkpoint.Writer` and `save` store them; an
+        # older checkpoint holding an array in fewer chunks is read in as many layers as a chunk spans, not once a
+        # layer (which would decode the whole array every time).
+        span = max(reader.chunk_shape(f"blocks/{k}")[0] for k in keys)
+        for i0 in range(0, cfg.n_layers, span):
+            stacked = {k: reader.read(f"blocks/{k}", slice(i0, i0 + span)) for k in keys}
+            for j in range(stacked[keys[0]].shape[0]):
+                fused = serving_lm.serving_part(cfg, part, {k: v[j] for k, v in stacked.items()}, groups, xp=np)
+                for k, v in fused.items():
+                    layers[i0 + j][k] = jax.block_until_ready(put(np.ascontiguousarray(v), out_at(k)))
+            del stacked
             _release_host_memory()
-        layers.append(layer)
     lm = serving_lm.LM(embed=top["embed"], final_norm=top["final_norm"], lm_head=top.get("lm_head"),
                        layers=tuple(layers), cfg=cfg, groups=groups)
     return cfg, lm, read_tokenizer(path)
@@ -185,10 +189,9 @@ def _malloc_trim():
 
 
 def _release_host_memory() -> None:
-    """Frees what the last part left behind now: its objects in reference cycles (the collector), and the heap pages
-    its host buffers came from (glibc's `malloc_trim`, where the C library has it), which a process keeps for reuse
-    otherwise, so that loading part by part does not end up holding a part's worth of free heap per size."""
-    gc.collect()
+    """Hands the heap pages the last part's host buffers came from back to the system (glibc's `malloc_trim`, where
+    the C library has it), which a process keeps for reuse otherwise: loading part by part would end up holding a
+    part's worth of free heap per buffer size."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -121,7 +121,7 @@ def _random_checkpoint(path, cfg) -> None:
 @pytest.mark.integration
 def test_loading_a_1b_model_holds_one_copy_of_its_weights(tmp_path):
     """A 1.1B-parameter model in bf16 (TinyLlama-1.1B's shape, 2.2 GB) with random weights: building its serving
-    form while restoring raises the process's peak RSS by at most 1.15x the served weights (measured: 1.13); the
+    form while restoring raises the process's peak RSS by at most 1.15x the served weights (measured: 1.10); the
     earlier way, restoring the `Decoder` and then fusing it, by several times them (measured in separate processes,
     from the RSS after importing jax)."""
     cfg = LMConfig(vocab_size=32000, d_model=2048, n_layers=22, n_heads=32, n_kv_heads=4, head_dim=64,
