@@ -122,12 +122,13 @@ def load_lm(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.shar
 def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None):
     """Our LM checkpoint -> (config, its serving form `serving_lm.LM`, tokenizer or None), built while restoring.
 
-    Layer by layer, each layer's arrays are read from the checkpoint (`checkpoint.Reader`), cast to the config's
-    dtype, placed (on `mesh`, by the inference rules, as `Decoder.serving` places them), fused into the serving
-    layout and kept; the canonical layer is dropped before the next is read. So the host holds one layer beside what
-    is placed, and the canonical form never exists whole: loading peaks at about the served weights plus a layer,
-    where restoring a `Decoder` and then fusing it (`load_lm(...)[1].serving()`) holds both forms at once. The
-    result equals that of the second way, array for array."""
+    Part by part of each layer (`serving_lm.SERVING_PARTS`: its qkv, its output projection, its gate|up, ...), the
+    canonical arrays are read from the checkpoint (`checkpoint.Reader`), fused on the host (`serving_part`), cast to
+    the config's dtype and placed (on `mesh`, by the inference rules, cut as `Decoder.serving` cuts them); the host
+    copies are dropped before the next part is read. So the host holds one part beside what is placed, and the
+    canonical form never exists whole: loading peaks at about the served weights plus a part, where restoring a
+    `Decoder` and then fusing it (`load_lm(...)[1].serving()`) holds both forms at once. The result equals that of
+    the second way, array for array. In a multi-host run every host reads the parts and places its own shards."""
     from jax.sharding import SingleDeviceSharding
 
     from sage_jax.models import serving_lm
