@@ -280,11 +280,6 @@ class Reader:
         self._context = ts.Context({"cache_pool": {"total_bytes_limit": 0}})
         self._arrays: dict[str, Any] = {}
 
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every stored array's shape, by its "a/b/c" key."""
-        return {k: tuple(v[0]) for k, v in self.meta["params"].items()}
-
     def read(self, key: str, index: Any = ()) -> np.ndarray:
         """`key`'s array, or its slice `index` (anything numpy indexing takes on the stored shape), as numpy in the
         stored dtype."""

@@ -231,11 +231,6 @@ def flat_until(arch: Arch, chip: Chip, *, batch: int = 1, context: int = 1024, t
     return int(max(ok)) if ok else 1
 
 
-def speedup(tokens_per_step: float, step_s: float, ar_s: float) -> float:
-    """Eq. 6 with modelled costs: (τ + 1) tokens per step of `step_s` against one per `ar_s`."""
-    return float(tokens_per_step * ar_s / step_s)
-
-
 def sage_step_seconds(target: Arch, draft: Arch, chip: Chip, *, nodes: int, depth: int, frontier: int,
                       context: int = 1024, tp: int = 1, batch: int = 1) -> float:
     """One speculative step: a catch-up draft forward of 2 rows, `depth - 1` draft levels at the frontier's width,

@@ -48,21 +48,24 @@ def _cat(parts, g, xp=jnp):
     return xp.concatenate([x.reshape(*lead, g, -1) for x in parts], -1).reshape(*lead, -1)
 
 
-def fuse_layer(cfg: LMConfig, p: dict, groups: Groups = (1, 1)) -> dict:
+def fuse_layer(cfg: LMConfig, p: dict, groups: Groups = (1, 1), xp=jnp) -> dict:
     """One layer's canonical params (wq [D,N,H], ...) -> fused 2-D matrices (wqkv [D, (N+2K)H], ...), their columns
-    in `groups` (see `Groups`)."""
+    in `groups` (see `Groups`). An entry whose canonical arrays `p` lacks is left out, so a loader can fuse a layer
+    part by part (`serving_part`; `xp=numpy` on the host)."""
     d = cfg.d_model
     ga, gm = groups
-    cat = _cat
-    out = {
-        "attn_norm": p["attn_norm"], "mlp_norm": p["mlp_norm"],
-        "wqkv": cat([p["wq"].reshape(d, -1), p["wk"].reshape(d, -1), p["wv"].reshape(d, -1)], ga),
-        "wo": p["wo"].reshape(-1, d),
-        "w_gate_up": cat([p["w_gate"], p["w_up"]], gm),
-        "w_down": p["w_down"],
-    }
-    if cfg.qkv_bias:
-        out["bqkv"] = cat([p["bq"].reshape(-1), p["bk"].reshape(-1), p["bv"].reshape(-1)], ga)
+    has = lambda *keys: all(k in p for k in keys)  # noqa: E731
+    out = {k: p[k] for k in ("attn_norm", "mlp_norm") if k in p}
+    if has("wq", "wk", "wv"):
+        out["wqkv"] = _cat([p["wq"].reshape(d, -1), p["wk"].reshape(d, -1), p["wv"].reshape(d, -1)], ga, xp)
+    if has("wo"):
+        out["wo"] = p["wo"].reshape(-1, d)
+    if has("w_gate", "w_up"):
+        out["w_gate_up"] = _cat([p["w_gate"], p["w_up"]], gm, xp)
+    if has("w_down"):
+        out["w_down"] = p["w_down"]
+    if cfg.qkv_bias and has("bq", "bk", "bv"):
+        out["bqkv"] = _cat([p["bq"].reshape(-1), p["bk"].reshape(-1), p["bv"].reshape(-1)], ga, xp)
     return out
 
 
@@ -91,34 +94,21 @@ SERVING_PARTS: dict[str, tuple[str, ...]] = {
 def serving_part(cfg: LMConfig, part: str, p: dict, groups: Groups = (1, 1), xp=jnp) -> dict:
     """The entries of `serving_layer(fuse_layer(cfg, layer, groups))` that `part` (`SERVING_PARTS`) makes, from only
     the canonical arrays it is made of (`p`): a layer built piece by piece, as a loader does to hold little beside
-    what it has built (`sage_jax.io.lm_checkpoint.load_serving`, on the host: `xp=numpy`). The same values as the
-    whole layer's (only copies and transposes)."""
-    q = {k: p[k] for k in SERVING_PARTS[part]}
-    d = cfg.d_model
-    if part == "norms":
-        return q
-    if part == "qkv":
-        return {"qkv": _cat([q[k].reshape(d, -1) for k in ("wq", "wk", "wv")], groups[0], xp).T}
-    if part == "bqkv":
-        return {"bqkv": _cat([q[k].reshape(-1) for k in ("bq", "bk", "bv")], groups[0], xp)}
-    if part == "o":
-        return {"o": q["wo"].reshape(-1, d).T}
-    if part == "gate_up":
-        return {"gate_up": _cat([q["w_gate"], q["w_up"]], groups[1], xp).T}
-    return {"down": q["w_down"].T}
+    what it has built (`sage_jax.io.lm_checkpoint.load_serving`, on the host: `xp=numpy`)."""
+    return serving_layer(fuse_layer(cfg, {k: p[k] for k in SERVING_PARTS[part]}, groups, xp))
+
+
+#: A fused layer's [in, out] matrices and the names of their [out, in] serving forms (`serving_layer`).
+_SERVING_NAMES = {"wqkv": "qkv", "wo": "o", "w_gate_up": "gate_up", "w_down": "down"}
 
 
 def serving_layer(p: dict) -> dict:
     """A fused layer (`fuse_layer`'s [in, out] matrices, also the EAGLE head's parameter layout) -> the [out, in]
     matrices `block` multiplies feature-major activations with: qkv [(N+2K)H, D], o [D, NH], gate_up [2F, D],
-    down [D, F]. A layer already in serving form is returned as it is."""
-    if "wqkv" not in p:
+    down [D, F]; norms and bias as they are. A layer already in serving form is returned as it is."""
+    if not any(k in p for k in _SERVING_NAMES):
         return p
-    out = {"attn_norm": p["attn_norm"], "mlp_norm": p["mlp_norm"], "qkv": p["wqkv"].T, "o": p["wo"].T,
-           "gate_up": p["w_gate_up"].T, "down": p["w_down"].T}
-    if "bqkv" in p:
-        out["bqkv"] = p["bqkv"]
-    return out
+    return {_SERVING_NAMES.get(k, k): v.T if k in _SERVING_NAMES else v for k, v in p.items()}
 
 
 def prepare_matmul(cfg: LMConfig) -> None:
