@@ -155,7 +155,8 @@ class Engine:
         step; prefills stay on XLA) attend: "xla" or "pallas" (`pallas_kernels.tree_attention`; interpreted on CPU,
         so there only a check, not a speed-up). ValueError when a model's head dim has no kernel.
       matmul: how the models' layers multiply by their weights (`LMConfig.matmul`): "auto" (on CPU, a decode or
-        verify step's few float32 rows through `cpu_kernels.skinny_matmul`'s kernel) or "xla" (XLA's dot).
+        verify step's few float32 rows through `cpu_kernels.skinny_matmul`'s kernel), "xla" (XLA's dot), or
+        "exact": shape-invariant numerics, speculative output equal to plain decoding's bit for bit in any dtype.
       datastore: the target's own answers as n-gram continuations (`decoding/datastore.py`), for policies with
         `TreePolicy.datastore` (`load_engine` reads a draft checkpoint's datastore.npz).
     """
@@ -181,6 +182,9 @@ class Engine:
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
         serving_lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
+        if matmul == "exact" and self._lm_t.groups != (1, 1):
+            raise ValueError("--matmul exact runs on one device or data-parallel meshes: this target is placed "
+                             "tensor-parallel")
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer
@@ -584,8 +588,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     default target the shipped head, for the shipped VLM around it (`loader.DEFAULT_VLM`) that head fine-tuned on
     the VLM's answers; otherwise a self-draft). `draft_layers`: a self-draft of the target's first N layers
     instead (default without a draft: a third of them). `dtype`, `mesh`: as `sage_jax.load`.
-    `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas", `matmul`: "auto" or
-    "xla" (`Engine`). Bad
+    `prune_ratio`, `prune`: the draft's visual-token pruning; `attention`: "xla" or "pallas", `matmul`: "auto",
+    "xla" or "exact" (`Engine`). Bad
     paths and models that do not fit each other raise FileNotFoundError or ValueError with a one-line message.
     """
     if draft is not None and draft_layers is not None:

@@ -4,7 +4,7 @@
         [--image PATH ...] [--video PATH ...] [--prune-ratio R[,R_VIDEO]] [--prune {attention,uniform}]
         [--policy {ar,chain,static,eagle2,sage}] [--retrieval L] [--datastore]
         [--budget auto|static|NODES,DEPTH] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
-        [--seed S] [--attention {xla,pallas}] [--matmul {auto,xla}] [--mesh AXIS=SIZE,...] [--compare] [--json]
+        [--seed S] [--attention {xla,pallas}] [--matmul {auto,xla,exact}] [--mesh AXIS=SIZE,...] [--compare] [--json]
 
 SPEC is a GGUF file, an HF directory or a sage-jax checkpoint; the default target is the shipped SmolLM2-135M-Instruct
 and its default draft the EAGLE-style head shipped for it (`sage_jax/assets/smollm2_eagle`); other targets default
@@ -49,6 +49,7 @@ import numpy as np
 
 from configs import cli
 from sage_jax.decoding.policies import POLICIES, TreePolicy
+from sage_jax.models.config import MATMULS
 
 DEFAULT_PROMPT = "What is speculative decoding? Explain it in two sentences."
 DEFAULT_IMAGE_PROMPT = "What is in this image?"  # with --image: the question the shipped VLM was trained on most
@@ -86,12 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--seed", type=int, metavar="S", default=0)
     arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
-    arg("--matmul", choices=("auto", "xla"), default="auto", help="the models' matmuls: auto (on CPU, the few rows "
-        "of a decode or verify step through the skinny kernel, cpu_kernels/skinny_matmul) or XLA's dot throughout")
+    arg("--matmul", choices=MATMULS, default="auto", help="the models' matmuls: auto (on CPU, the few rows "
+        "of a decode or verify step through the skinny kernel, cpu_kernels/skinny_matmul), XLA's dot throughout, or "
+        "exact: the shape-invariant mode, in which speculative decoding equals plain decoding bit for bit in any "
+        "dtype (a row's bits never depend on how many rows a forward holds; costs speed: README, Exactness)")
     arg("--dtype", choices=("float32", "bfloat16"), help="weights, activations and KV caches of target and draft "
         "(default: as stored; bfloat16 keeps norms, RoPE, attention scores and logits in float32). In bfloat16, "
         "and on accelerators, a verify forward can round a near-tie differently from a one-token step, so the "
-        "text may differ from plain decoding's (README, Exactness)")
+        "text may differ from plain decoding's unless --matmul exact (README, Exactness)")
     arg("--mesh", type=cli.mesh_axes, metavar="AXIS=SIZE,...", help="place the models on a device mesh over every "
         "device (of every host), e.g. data=1,model=8 (axes data, fsdp, model; -1 = the devices left over); default: "
         "one device")

@@ -1,13 +1,16 @@
-"""How often SAGE's output equals plain decoding's in bfloat16, where a verify forward over k+1 rows can round a
-near-tie differently from a one-token step (README, Exactness).
+"""How often SAGE's output equals plain decoding's, and what the exact mode costs (README, Exactness).
 
-    python benchmarks/sage/bf16_agreement.py OUT.json [--prompts 8] [--max-new-tokens 96] [--dtypes bfloat16,float32]
+    python benchmarks/sage/bf16_agreement.py OUT.json [--prompts 24] [--max-new-tokens 96]
+        [--modes bfloat16:xla,bfloat16:exact,float32:xla]
 
 The shipped SmolLM2-135M-Instruct and head, SAGE's full trees (`budget=None`, the policy's static sizes) against
-AR, one prompt at a time, on the held-out chat prompts, with XLA's dot (`matmul="xla"`: what TPUs and GPUs run; on
-a CPU in float32 our skinny kernel makes every row's bits independent of the row count, so there the outputs always
-agree). Per dtype: the share of identical outputs and, for each that differs, the position of the first differing
-token. OUT.json records what produced it (`configs.provenance`).
+AR, one prompt at a time, on the held-out chat prompts, in each mode DTYPE:MATMUL. With XLA's dot (`xla`: what TPUs
+and GPUs run) a verify forward over k+1 rows can round a near-tie differently from a one-token step, most often in
+bfloat16; the exact mode (`exact`, `LMConfig.matmul`) makes every row's bits independent of the row count and a
+tree node compute as the same token decoded alone, so there the outputs must agree. Per mode: the share of
+identical outputs, for each that differs the position of the first differing token, and the wall time of AR and of
+SAGE over all prompts (after one warm-up prompt that compiles), as tokens/s and against the first mode's AR.
+OUT.json records what produced it (`configs.provenance`).
 """
 
 from __future__ import annotations
@@ -30,29 +33,47 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def compare(engine, prompts: list[str], max_new_tokens: int) -> dict:
+    """AR and SAGE (full trees) on every prompt, after one warm-up: agreement and wall times."""
+    gen = lambda p, **kw: engine.generate([p], max_new_tokens=max_new_tokens, **kw)  # noqa: E731
+    gen(prompts[0], policy="ar"), gen(prompts[0], policy="sage", budget=None)  # compiles
+    diffs, ar_s, sage_s, ar_n, sage_n = [], 0.0, 0.0, 0, 0
+    for p in prompts:
+        t0 = time.perf_counter()
+        ar = gen(p, policy="ar").token_ids[0]
+        t1 = time.perf_counter()
+        sage = gen(p, policy="sage", budget=None).token_ids[0]
+        t2 = time.perf_counter()
+        ar_s, sage_s, ar_n, sage_n = ar_s + t1 - t0, sage_s + t2 - t1, ar_n + len(ar), sage_n + len(sage)
+        diffs.append(first_difference(sage, ar))
+    return {"identical": sum(d is None for d in diffs), "first_difference": diffs,
+            "ar_tok_s": round(ar_n / ar_s, 2), "sage_tok_s": round(sage_n / sage_s, 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--modes", default="bfloat16:xla,bfloat16:exact,float32:xla")
     args = ap.parse_args(argv)
     prompts = [t for _, t in EVAL_PROMPTS[: args.prompts]]
+    modes = [tuple(m.split(":")) for m in args.modes.split(",")]
     result = {"provenance": provenance.record("python benchmarks/sage/bf16_agreement.py", argv,
                                               {"draft": loader.default_draft()}),
-              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "matmul": "xla", "rows": {}}
-    for dtype in args.dtypes.split(","):
+              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "rows": {}}
+    base = None
+    for dtype, matmul in modes:
         t0 = time.perf_counter()
-        engine = load_engine(dtype=dtype, matmul="xla")
-        diffs = []
-        for p in prompts:
-            ar = engine.generate([p], policy="ar", max_new_tokens=args.max_new_tokens).token_ids[0]
-            sage = engine.generate([p], policy="sage", budget=None, max_new_tokens=args.max_new_tokens)
-            diffs.append(first_difference(sage.token_ids[0], ar))
-        same = sum(d is None for d in diffs)
-        result["rows"][dtype] = {"identical": same, "first_difference": diffs}
-        print(f"{dtype}: {same} / {len(prompts)} identical to AR; first differing token at "
-              f"{sorted(d for d in diffs if d is not None)} ({time.perf_counter() - t0:.0f}s)")
+        row = compare(load_engine(dtype=dtype, matmul=matmul), prompts, args.max_new_tokens)
+        base = base or row["ar_tok_s"]
+        row["ar_vs_first_ar"] = round(row["ar_tok_s"] / base, 3)
+        row["sage_vs_first_ar"] = round(row["sage_tok_s"] / base, 3)
+        result["rows"][f"{dtype}:{matmul}"] = row
+        print(f"{dtype}:{matmul}: {row['identical']} / {len(prompts)} identical to AR; first differing token at "
+              f"{sorted(d for d in row['first_difference'] if d is not None)}; AR {row['ar_tok_s']} tok/s "
+              f"({row['ar_vs_first_ar']}x), SAGE {row['sage_tok_s']} tok/s ({row['sage_vs_first_ar']}x) "
+              f"({time.perf_counter() - t0:.0f}s)", flush=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)
     return 0

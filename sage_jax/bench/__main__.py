@@ -22,6 +22,7 @@ import os
 import sys
 
 from configs import cli, provenance
+from sage_jax.models.config import MATMULS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -43,8 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-ablations", action="store_true", help="skip the SAGE ablations")
     ap.add_argument("--attention", choices=("xla", "pallas"), default="xla", help="attention of our decoding "
                     "loops' forwards: XLA einsums, or the Pallas tree-attention kernel (interpreted on CPU)")
-    ap.add_argument("--matmul", choices=("auto", "xla"), default="auto", help="our models' matmuls: auto (on CPU "
-                    "the few rows of a decode / verify step through the skinny kernel) or XLA's dot throughout")
+    ap.add_argument("--matmul", choices=MATMULS, default="auto", help="our models' matmuls: auto (on CPU "
+                    "the few rows of a decode / verify step through the skinny kernel), XLA's dot throughout, or "
+                    "exact (shape-invariant: SAGE equals AR bit for bit)")
     ap.add_argument("--out", default="out/bench", help="folder for bench.json and the plots")
     ap.add_argument("--quick", action="store_true", help="tiny random target, 3 prompts, 32 tokens (CI smoke)")
     ap.add_argument("--no-progress", action="store_true")

@@ -8,8 +8,8 @@ from typing import Any, Literal
 RopeType = Literal["default", "linear", "llama3", "yarn"]
 Attention = Literal["xla", "pallas"]
 ATTENTIONS: tuple[str, ...] = ("xla", "pallas")
-Matmul = Literal["auto", "xla"]
-MATMULS: tuple[str, ...] = ("auto", "xla")
+Matmul = Literal["auto", "xla", "exact"]
+MATMULS: tuple[str, ...] = ("auto", "xla", "exact")
 PALLAS_HEAD_DIMS = (64, 128)  # what `pallas_kernels.tree_attention`'s kernels take
 
 
@@ -47,7 +47,11 @@ class LMConfig:
         and 128). A choice of the run, not of the weights: checkpoints do not store it.
       matmul: how the serving layers multiply by their weights: "auto" (on CPU, the few float32 rows of a decode
         or verify step go through `cpu_kernels.skinny_matmul`'s kernel, everything else through XLA's dot) or
-        "xla" (always XLA's dot). A choice of the run, not stored either.
+        "xla" (always XLA's dot), or "exact": the shape-invariant mode, in which a row of a forward has the same
+        bits whether the forward holds 1 row or 1,024 and a speculative tree's node computes as the same token
+        decoded alone would (dense parts in fixed row tiles, attention one query at a time over the whole cache:
+        `serving_lm._exact_block`), so that speculative decoding equals plain decoding bit for bit in any dtype.
+        A choice of the run, not stored either.
     """
 
     vocab_size: int

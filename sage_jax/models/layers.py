@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -124,3 +125,61 @@ def causal_mask(t: int, pad_left: Int[Array, " B"]) -> Bool[Array, "B T T"]:
     """Causal mask over a self-contained length-t sequence whose first `pad_left[b]` slots are padding."""
     i = jnp.arange(t)
     return (i[None, :] <= i[:, None])[None] & (i[None, None, :] >= pad_left[:, None, None])
+
+
+# ******** Shape-invariant numerics (`LMConfig.matmul == "exact"`). ********
+# XLA picks a matmul's (and a reduction's) blocking by its shape, so the same row rounds differently in a one-token
+# decode step and in a verify forward of k + 1 rows (XLA:CPU: a one-row dot runs as a GEMV, two or more rows as a
+# GEMM; every row differs in its last bits). In bfloat16 such differences flip near-tied argmaxes, and speculative
+# decoding stops equalling plain decoding. The exact mode computes every row in a computation whose shapes do not
+# depend on the number of rows: the dense parts of a layer in tiles of `ROW_TILE` rows (a row's bits do not depend
+# on its place in the tile nor on the other rows: tests/sage_jax/models/test_invariant.py), attention one query row
+# at a time over the whole cache.
+
+#: Rows per tile of the exact mode's dense computations. Eight: a one-row decode step then costs an 8-row GEMM,
+#: about what XLA:CPU's own one-row bfloat16 dot costs (benchmarks/sage/results/exact_mode).
+ROW_TILE = 8
+
+
+def tiled_rows(fn, *xs):
+    """fn over fixed tiles of `ROW_TILE` rows: xs [M, ...] each (rows first), padded with zero rows to whole tiles;
+    fn maps the tiles [ROW_TILE, ...] to a pytree of [ROW_TILE, ...] arrays. Returns that pytree at [M, ...].
+
+    `lax.map` keeps the tile's computation one compiled body whatever M is, so a row computes to the same bits
+    at any M."""
+    m = xs[0].shape[0]
+    n = -(-m // ROW_TILE)
+    tiles = tuple(jnp.pad(x, [(0, n * ROW_TILE - m)] + [(0, 0)] * (x.ndim - 1)).reshape(n, ROW_TILE, *x.shape[1:])
+                  for x in xs)
+    out = jax.lax.map(lambda t: fn(*t), tiles)
+    return jax.tree.map(lambda y: y.reshape(n * ROW_TILE, *y.shape[2:])[:m], out)
+
+
+#: Cache slots per block of the exact mode's attention: a row's scores and weighted sums are taken block by block
+#: and the blocks added in order, so that slots past the last visible one add exact zeros and the row's bits do not
+#: depend on the cache's capacity either (plain decoding and speculative decoding size their caches differently).
+SLOT_BLOCK = 128
+
+
+def attention_row(q: Float[Array, "N H"], k: Float[Array, "S K H"], v: Float[Array, "S K H"],
+                  visible: Bool[Array, " S"]) -> Float[Array, "N H"]:
+    """One query row's grouped-query attention over a whole cache, its bits a function of what it sees alone: not
+    of the number of rows in the forward (it runs for one row), nor of the cache's capacity (`SLOT_BLOCK`s added
+    in order; hidden slots weigh exactly 0). Scores, exponentials and sums in float32."""
+    n, h = q.shape
+    s_len, kh = k.shape[:2]
+    pad = -s_len % SLOT_BLOCK
+    if pad:
+        k, v = (jnp.pad(a, ((0, pad), (0, 0), (0, 0))) for a in (k, v))
+        visible = jnp.pad(visible, (0, pad))
+    qg = q.reshape(kh, n // kh, h)
+    blocks = [slice(i, i + SLOT_BLOCK) for i in range(0, s_len + pad, SLOT_BLOCK)]  # static, taken in order
+    s = [jnp.where(visible[None, None, b], jnp.einsum("KGH,SKH->KGS", qg, k[b], preferred_element_type=jnp.float32)
+                   * (h**-0.5), MASK_VALUE) for b in blocks]
+    m = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in s])
+    total, out = jnp.zeros_like(m), jnp.zeros((kh, n // kh, h), jnp.float32)
+    for x, b in zip(s, blocks, strict=True):  # trailing blocks add exact zeros
+        p = jnp.exp(x - m)
+        total = total + jnp.sum(p, axis=-1, keepdims=True)
+        out = out + jnp.einsum("KGS,SKH->KGH", p.astype(v.dtype), v[b], preferred_element_type=jnp.float32)
+    return (out / total).reshape(n, h).astype(q.dtype)

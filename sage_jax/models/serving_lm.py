@@ -123,6 +123,9 @@ def project(cfg: LMConfig, w: Float[Array, "E D"], x: Float[Array, "D M"]) -> Fl
     """A serving weight [out, in] times feature-major activations: the skinny CPU kernel for the few float32
     columns of a decode or verify step (`cfg.matmul == "auto"`; `skinny_matmul.kernel_usable`: once
     `prepare_matmul` has loaded it), else XLA's dot."""
+    if cfg.matmul == "exact":  # the shape-invariant mode: fixed row tiles, float32 accumulation
+        return layers.tiled_rows(lambda xt: jnp.einsum("MD,ED->ME", xt, w, preferred_element_type=jnp.float32)
+                                 .astype(x.dtype), x.T).T
     if cfg.matmul == "auto" and skinny_matmul.kernel_usable(w, x):
         return skinny_matmul.skinny_matmul(w, x, impl="kernel")
     return jnp.einsum("ED,DM->EM", w, x)
@@ -137,7 +140,9 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     queries see its slots under `mask` and the new tokens under `mask_new`, and the new keys/values [B, T, K, H]
     come back in the cache's place (`LM.forward(write=False)`). A `Visibility` mask (`cfg.attention == "pallas"`,
     `resolve_mask`) runs the tree-attention kernel instead; `write=False` then reads the cache the same way.
-    `groups`: the layout of the fused matrices (`Groups`)."""
+    `groups`: the layout of the fused matrices (`Groups`). `cfg.matmul == "exact"`: `_exact_block`."""
+    if cfg.matmul == "exact":
+        return _exact_block(cfg, p, x, positions, k_cache, v_cache, write_pos, mask, write, groups)
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
     n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -170,6 +175,84 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
         k_all, v_all = k, v
     o = layers.attention(q, k_all, v_all, mask)
     return _mlp(cfg, p, xm, o, b, t, groups[1]), k_cache, v_cache
+
+
+def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
+                 k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
+                 write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility, write: bool,
+                 groups: Groups):
+    """`block` in the shape-invariant mode: a row's output has the same bits whatever the number of rows, and a
+    tree's node computes as the same token decoded alone would (`layers.tiled_rows`, `layers.attention_row`).
+
+    The dense parts (norms, projections, RoPE, MLP) run in fixed row tiles with float32 accumulation. Attention
+    runs one query at a time over the whole cache. Reading the cache only (`write=False`, a `Visibility`: a
+    speculative verify), each query sees its visible window keys laid over the slots they will hold once its
+    path is committed, in order from `start` (a tree node's ancestors by depth), so that it attends exactly as
+    it will when decoded alone after that path: same keys in the same slots, the rest weighing exactly 0."""
+    if groups != (1, 1):
+        raise ValueError("the exact mode runs on one device: a tensor-parallel layout is not supported")
+    dt = jnp.dtype(cfg.dtype)
+    b, t, d = x.shape
+    n, kh, hd, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+    inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
+    w = {k: v.astype(jnp.float32 if k in ("attn_norm", "mlp_norm", "bqkv") else dt) for k, v in p.items()}
+
+    def qkv_tile(xt, pt):  # [R, D], positions [R] or [R, 3]
+        r = xt.shape[0]
+        y = jnp.einsum("MD,ED->ME", layers.rms_norm(xt, w["attn_norm"], cfg.norm_eps), w["qkv"],
+                       preferred_element_type=jnp.float32)
+        if cfg.qkv_bias:
+            y = y + w["bqkv"][None]
+        q, k, v = jnp.split(y.astype(dt), np.cumsum([n * hd, kh * hd]), axis=-1)
+        rope = lambda z, heads: layers.apply_rope(  # noqa: E731
+            z.reshape(1, r, heads, hd), pt[None], inv_freq, rope_scale, cfg.rope.mrope_section)[0]
+        return rope(q, n), rope(k, kh), v.reshape(r, kh, hd)
+
+    rows = x.reshape(b * t, d)
+    q, k, v = layers.tiled_rows(qkv_tile, rows, positions.reshape(b * t, *positions.shape[2:]))
+    k, v = k.reshape(b, t, kh, hd), v.reshape(b, t, kh, hd)
+    overlay = k_cache is not None and not write
+    if overlay:
+        if not isinstance(mask, Visibility) or mask.window.shape[-1] != t:
+            raise ValueError("the exact mode reads a cache unwritten under a Visibility whose window is the T new "
+                             "tokens")
+        keys, vals = k_cache, v_cache
+    elif k_cache is not None:
+        keys = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
+        vals = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
+        dense = _dense(mask, keys.shape[1])
+    else:
+        keys, vals, dense = k, v, mask
+    s_len = keys.shape[1]
+    slots = jnp.arange(s_len)
+
+    def attend(i):
+        bi = i // t
+        kc, vc = keys[bi], vals[bi]
+        if overlay:  # the window's keys where the committed path will put them
+            seen = mask.window[bi, i % t]
+            at = jnp.where(seen, mask.start[bi] + jnp.cumsum(seen) - 1, s_len)  # s_len: dropped
+            kc = kc.at[at].set(k[bi].astype(kc.dtype), mode="drop")
+            vc = vc.at[at].set(v[bi].astype(vc.dtype), mode="drop")
+            visible = (slots >= mask.pad[bi]) & (slots < mask.start[bi] + jnp.sum(seen))
+        else:
+            visible = dense[bi, i % t]
+        return layers.attention_row(q[i], kc.astype(dt), vc.astype(dt), visible)
+
+    o = jax.lax.map(attend, jnp.arange(b * t))
+
+    def out_tile(xt, ot):  # [R, D], [R, N, H]
+        xt = xt + jnp.einsum("MI,DI->MD", ot.reshape(xt.shape[0], -1), w["o"],
+                             preferred_element_type=jnp.float32).astype(dt)
+        gu = jnp.einsum("MD,FD->MF", layers.rms_norm(xt, w["mlp_norm"], cfg.norm_eps), w["gate_up"],
+                        preferred_element_type=jnp.float32).astype(dt)
+        act = jax.nn.silu(gu[:, :f]) * gu[:, f:]
+        return xt + jnp.einsum("MF,DF->MD", act, w["down"], preferred_element_type=jnp.float32).astype(dt)
+
+    out = layers.tiled_rows(out_tile, rows, o).reshape(b, t, d)
+    if overlay:
+        return out, k, v
+    return out, (keys if k_cache is not None else None), (vals if k_cache is not None else None)
 
 
 def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -213,9 +296,10 @@ def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v:
 
 def resolve_mask(cfg: LMConfig, mask: Bool[Array, "B T S"] | Visibility, capacity: int
                  ) -> Bool[Array, "B T S"] | Visibility:
-    """What `block` reads: a `Visibility` stays one for the kernel (`cfg.attention == "pallas"`), else it becomes
-    the dense [B, T, S] mask of the XLA path; a dense mask passes through."""
-    if isinstance(mask, Visibility) and cfg.attention != "pallas":
+    """What `block` reads: a `Visibility` stays one for the kernel (`cfg.attention == "pallas"`) and for the exact
+    mode (`cfg.matmul == "exact"`), else it becomes the dense [B, T, S] mask of the XLA path; a dense mask passes
+    through."""
+    if isinstance(mask, Visibility) and cfg.attention != "pallas" and cfg.matmul != "exact":
         return mask.dense(capacity)
     return mask
 
@@ -286,6 +370,16 @@ def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "
 @jax.named_scope(MODEL_SCOPE)
 def head(cfg: LMConfig, embed, final_norm, lm_head, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
     """Final norm + LM head; float32 logits."""
+    if cfg.matmul == "exact":  # fixed row tiles (`layers.tiled_rows`)
+        b, t, d = hidden.shape
+
+        def tile(ht):
+            ht = layers.rms_norm(ht, final_norm, cfg.norm_eps)
+            if lm_head is None:
+                return jnp.einsum("MD,VD->MV", ht, embed.astype(ht.dtype), preferred_element_type=jnp.float32)
+            return jnp.einsum("MD,DV->MV", ht, lm_head.astype(ht.dtype), preferred_element_type=jnp.float32)
+
+        return shard(layers.tiled_rows(tile, hidden.reshape(b * t, d)).reshape(b, t, -1), ("batch", "seq", "vocab"))
     h = layers.rms_norm(hidden, final_norm, cfg.norm_eps)
     b, t, d = h.shape
     if lm_head is None and cfg.matmul == "auto" and skinny_matmul.kernel_usable(embed, h.reshape(b * t, d), True):
@@ -378,7 +472,7 @@ class LM:
         # Once for all layers; a probe reads the dense mask of its rows.
         mask = resolve_mask(self.cfg, mask, cache.capacity) if probe is None else _dense(mask, cache.capacity)
         mask_new = None
-        if not write and not isinstance(mask, Visibility):
+        if not write and not isinstance(mask, Visibility) and self.cfg.matmul != "exact":
             mask, mask_new = split_mask(mask, write_pos)
         ks, vs = [], []
         score = None

@@ -1,0 +1,117 @@
+"""The shape-invariant mode (`LMConfig.matmul == "exact"`): a row of a forward has the same bits whether the forward
+holds 1, 2, 7 or 64 rows, and a tree verified in one forward computes every node as plain decoding of its path does,
+in bfloat16, for the text LMs of each family (Llama; Qwen2, LLaVA-OneVision's; Qwen2.5-VL's, with M-RoPE)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sage_jax.models import layers
+from sage_jax.models.visibility import Visibility
+
+FAMILIES = {"llama": dict(qkv_bias=False, tie_embeddings=True),
+            "qwen2": dict(),
+            "qwen2_5_vl": dict(rope=dict(mrope_section=(4, 2, 2)))}
+
+
+def _exact_lm(tiny_lm, family, dtype="bfloat16", seed=0):
+    from sage_jax.models.config import RopeConfig
+
+    kw = dict(FAMILIES[family])
+    if "rope" in kw:
+        kw["rope"] = RopeConfig(**kw["rope"])
+    lm = tiny_lm(seed, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128, n_layers=2, **kw).serving()
+    lm = jax.tree.map(lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x, lm)
+    return lm.replace(cfg=lm.cfg.replace(dtype=dtype, param_dtype=dtype)).with_matmul("exact")
+
+
+def _positions(family, pos):
+    return jnp.stack([pos, pos, pos], -1) if family == "qwen2_5_vl" else pos
+
+
+def _prefilled(lm, family, prompt, capacity):
+    b, p = prompt.shape
+    cache = lm.init_cache(b, capacity)
+    vis = Visibility.chain(jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32), p)
+    pos = _positions(family, jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)))
+    _, cache = jax.jit(lambda lm, c: lm.forward(prompt, pos, vis, c, jnp.zeros((b,), jnp.int32)))(lm, cache)
+    return cache
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_has_the_same_bits_at_1_2_7_and_64_rows(tiny_lm, family):
+    lm = _exact_lm(tiny_lm, family)
+    rng = np.random.default_rng(1)
+    p, capacity = 9, 80
+    prompt = jnp.asarray(rng.integers(2, lm.cfg.vocab_size, (1, p)), jnp.int32)
+    cache = _prefilled(lm, family, prompt, capacity)
+    others = rng.integers(2, lm.cfg.vocab_size, 63)
+
+    @jax.jit
+    def verify(lm, tokens, cache):  # T siblings after the prompt, each seeing the prompt and itself
+        t = tokens.shape[1]
+        vis = Visibility(pad=jnp.zeros((1,), jnp.int32), start=jnp.full((1,), p, jnp.int32),
+                         window=jnp.eye(t, dtype=bool)[None])
+        hidden, _ = lm.forward(tokens, _positions(family, jnp.full((1, t), p, jnp.int32)), vis, cache,
+                               jnp.full((1,), p, jnp.int32), write=False)
+        return lm.head(hidden)
+
+    first = {}
+    for t in (1, 2, 7, 64):
+        tokens = jnp.asarray([[int(prompt[0, -1]), *others[: t - 1]]], jnp.int32)
+        first[t] = np.asarray(verify(lm, tokens, cache)[0, 0])
+    for t in (2, 7, 64):
+        np.testing.assert_array_equal(first[t], first[1], err_msg=f"row 0 at {t} rows")
+    # ... and XLA's own dot does not give that (so the test can fail).
+    xla = lm.with_matmul("xla")
+    plain = {t: np.asarray(verify(xla, jnp.asarray([[int(prompt[0, -1]), *others[: t - 1]]], jnp.int32),
+                                  cache)[0, 0]) for t in (1, 7)}
+    assert not np.array_equal(plain[1], plain[7])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_verified_tree_computes_each_node_as_decoding_its_path(tiny_lm, family):
+    """Nodes of a tree verified in one forward (the cache only read) against the same tokens decoded one at a time
+    along each node's path (each written to the cache first): equal logits, bit for bit."""
+    lm = _exact_lm(tiny_lm, family, seed=3)
+    rng = np.random.default_rng(2)
+    p, capacity = 11, 40
+    prompt = jnp.asarray(rng.integers(2, lm.cfg.vocab_size, (1, p)), jnp.int32)
+    cache = _prefilled(lm, family, prompt, capacity)
+    # A tree of 7 nodes: root 0; children 1, 2; 3 under 1; 4, 5 under 2; 6 under 3.
+    parent = [-1, 0, 0, 1, 2, 2, 3]
+    anc = np.zeros((7, 7), bool)
+    depth = np.zeros(7, int)
+    for i, par in enumerate(parent):
+        anc[i, i] = True
+        if par >= 0:
+            anc[i] |= anc[par]
+            depth[i] = depth[par] + 1
+    tokens = jnp.asarray(rng.integers(2, lm.cfg.vocab_size, (1, 7)), jnp.int32)
+    vis = Visibility(pad=jnp.zeros((1,), jnp.int32), start=jnp.full((1,), p, jnp.int32), window=jnp.asarray(anc)[None])
+    pos = _positions(family, jnp.asarray(p + depth, jnp.int32)[None])
+    hidden, _ = jax.jit(lambda lm, c: lm.forward(tokens, pos, vis, c, jnp.full((1,), p, jnp.int32), write=False))(
+        lm, cache)
+    tree_logits = np.asarray(lm.head(hidden))[0]
+
+    @jax.jit
+    def step(lm, token, at, cache):  # one token at slot `at`, written, seeing [0, at]
+        vis = Visibility.chain(jnp.full((1,), at), jnp.zeros((1,), jnp.int32), 1)
+        h, cache = lm.forward(token[None, None], _positions(family, jnp.full((1, 1), at)), vis, cache,
+                              jnp.full((1,), at))
+        return lm.head(h)[0, 0], cache
+
+    for node in range(7):
+        path = [i for i in range(7) if anc[node, i]]  # root first (parents precede children)
+        c = cache
+        for d, i in enumerate(path):
+            logits, c = step(lm, tokens[0, i], jnp.int32(p + d), c)
+        np.testing.assert_array_equal(np.asarray(logits), tree_logits[node], err_msg=f"node {node}")
+
+
+def test_tiles_hold_the_rows_they_were_given():
+    x = jnp.arange(3 * 5, dtype=jnp.float32).reshape(3, 5)
+    y = layers.tiled_rows(lambda t: (t * 2, t.sum(-1)), x)
+    np.testing.assert_array_equal(y[0], x * 2)
+    np.testing.assert_array_equal(y[1], x.sum(-1))
