@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{sorted(d for d in row['first_difference'] if d is not None)}; AR {row['ar_tok_s']} tok/s "
               f"({row['ar_vs_first_ar']}x), SAGE {row['sage_tok_s']} tok/s ({row['sage_vs_first_ar']}x) "
               f"({time.perf_counter() - t0:.0f}s)", flush=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=1)
+        with open(args.out, "w") as fh:  # after every mode: a run cut short keeps what it measured
+            json.dump(result, fh, indent=1)
     return 0
 
 
