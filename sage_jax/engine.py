@@ -603,8 +603,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
     spec = target if target is not None else loader.default_target()
     if isinstance(target, CausalLM | VisionLM):
         lm_t = target
-    elif loader.is_vision_lm(spec):
-        lm_t = loader.load(spec, dtype=dtype, mesh=mesh)
+    elif loader.is_vision_lm(spec):  # its language model in serving form, one copy (our checkpoints)
+        lm_t = loader.load_vision_serving(spec, dtype=dtype, mesh=mesh)
     else:  # a text LM: its serving form straight from the file, one copy of the weights
         lm_t, tokenizer = loader.load_serving(spec, dtype=dtype, mesh=mesh)
     if shipped:
@@ -631,7 +631,7 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
         desc = (f"EAGLE head {os.fspath(draft)}" if not shipped else "shipped EAGLE head (smollm2_eagle)"
                 if os.fspath(draft) == loader.DEFAULT_DRAFT else "shipped EAGLE head (the VLM's, smollm2_vlm/draft)")
     else:
-        d = loader.load(draft, dtype=dtype, mesh=mesh)
+        d = (loader.load_vision_serving if loader.is_vision_lm(draft) else loader.load)(draft, dtype=dtype, mesh=mesh)
         desc = f"{'VLM' if isinstance(d, VisionLM) else 'LM'} {os.fspath(draft)}"
         v_d, v_t = d.serving().cfg.vocab_size, lm_t.serving().cfg.vocab_size
         if v_d != v_t:

@@ -120,24 +120,31 @@ def load_lm(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.shar
 
 
 def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None):
-    """Our LM checkpoint -> (config, its serving form `serving_lm.LM`, tokenizer or None), built while restoring.
+    """Our LM checkpoint -> (config, its serving form `serving_lm.LM`, tokenizer or None), built while restoring
+    (`serving_from`): loading peaks at about the served weights plus one part of a layer, where restoring a
+    `Decoder` and then fusing it (`load_lm(...)[1].serving()`) holds both forms at once. The result equals that of
+    the second way, array for array."""
+    cfg = with_dtype(read_config(path), dtype)
+    reader = checkpoint.Reader(path)
+    checkpoint.check_fits(reader.meta, nnx.to_pure_dict(abstract_model(cfg)[1]))
+    return cfg, serving_from(reader, cfg, mesh), read_tokenizer(path)
+
+
+def serving_from(reader: checkpoint.Reader, cfg: LMConfig, mesh: jax.sharding.Mesh | None = None, prefix: str = ""):
+    """The serving form (`serving_lm.LM`, in `cfg`'s dtype) of the LM whose canonical arrays `reader` holds under
+    `prefix` ("lm/" in a vision-language checkpoint), built while restoring.
 
     Part by part of each layer (`serving_lm.SERVING_PARTS`: its qkv, its output projection, its gate|up, ...), the
-    canonical arrays are read from the checkpoint (`checkpoint.Reader`), fused on the host (`serving_part`), cast to
-    the config's dtype and placed (on `mesh`, by the inference rules, cut as `Decoder.serving` cuts them); the host
-    copies are dropped before the next part is read. So the host holds one part beside what is placed, and the
-    canonical form never exists whole: loading peaks at about the served weights plus a part, where restoring a
-    `Decoder` and then fusing it (`load_lm(...)[1].serving()`) holds both forms at once. The result equals that of
-    the second way, array for array. In a multi-host run every host reads the parts and places its own shards."""
+    canonical arrays are read (`checkpoint.Reader`), fused on the host (`serving_part`), cast and placed (on `mesh`,
+    by the inference rules, cut as `Decoder.serving` cuts them); the host copies are dropped before the next part is
+    read. So the host holds one part beside what is placed, and the canonical form never exists whole. In a
+    multi-host run every host reads the parts and places its own shards."""
     from jax.sharding import SingleDeviceSharding
 
     from sage_jax.models import serving_lm
 
-    cfg = with_dtype(read_config(path), dtype)
     _, state = abstract_model(cfg)
     abstract = nnx.to_pure_dict(state)
-    reader = checkpoint.Reader(path)
-    checkpoint.check_fits(reader.meta, abstract)
     dt = jnp.dtype(cfg.param_dtype)
     if mesh is None:
         one = SingleDeviceSharding(jax.local_devices()[0])
@@ -156,7 +163,7 @@ def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax
     # Where each serving matrix goes: one device, or cut on the mesh as `Decoder.serving` cuts it.
     out_at = (lambda k: where["embed"]) if layout is None else (lambda k: layout.layers[0][k])  # noqa: E731
     # The embedding and head first: their host copies come and go while little else is held.
-    top = {k: put(reader.read(k), where[k]) for k in abstract if k != "blocks"}
+    top = {k: put(reader.read(prefix + k), where[k]) for k in abstract if k != "blocks"}
     _release_host_memory()
     layers = [{} for _ in range(cfg.n_layers)]
     for part in parts:  # one part at a time, fused on the host: it holds only this part's arrays
@@ -164,18 +171,17 @@ def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh: jax
         # Layers read together as they are stored: one per chunk as `checkpoint.Writer` and `save` store them; an
         # older checkpoint holding an array in fewer chunks is read in as many layers as a chunk spans, not once a
         # layer (which would decode the whole array every time).
-        span = max(reader.chunk_shape(f"blocks/{k}")[0] for k in keys)
+        span = max(reader.chunk_shape(f"{prefix}blocks/{k}")[0] for k in keys)
         for i0 in range(0, cfg.n_layers, span):
-            stacked = {k: reader.read(f"blocks/{k}", slice(i0, i0 + span)) for k in keys}
+            stacked = {k: reader.read(f"{prefix}blocks/{k}", slice(i0, i0 + span)) for k in keys}
             for j in range(stacked[keys[0]].shape[0]):
                 fused = serving_lm.serving_part(cfg, part, {k: v[j] for k, v in stacked.items()}, groups, xp=np)
                 for k, v in fused.items():
                     layers[i0 + j][k] = jax.block_until_ready(put(np.ascontiguousarray(v), out_at(k)))
             del stacked
             _release_host_memory()
-    lm = serving_lm.LM(embed=top["embed"], final_norm=top["final_norm"], lm_head=top.get("lm_head"),
-                       layers=tuple(layers), cfg=cfg, groups=groups)
-    return cfg, lm, read_tokenizer(path)
+    return serving_lm.LM(embed=top["embed"], final_norm=top["final_norm"], lm_head=top.get("lm_head"),
+                         layers=tuple(layers), cfg=cfg, groups=groups)
 
 
 @functools.cache

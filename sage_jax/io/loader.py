@@ -284,6 +284,26 @@ def load_vlm_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, me
     return vlm_checkpoint.load_checkpoint(path, dtype=dtype, mesh=mesh, language_model=language_model)
 
 
+def load_vision_serving(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None):
+    """A vision-language model as `load` gives it, with one copy of its language model's weights: from our
+    checkpoint the language model is built in serving form while it is restored (`vlm_checkpoint.load_serving`;
+    one saved around the default target gets that target's, read the same way), and the `VisionLM` runs it through
+    that form. An HF directory is read into the checkpoint's layout and fused on first use, holding two copies while
+    it serves: convert it first (`python -m sage_jax.convert`) to serve it with one."""
+    if detect(spec) != "vlm":
+        return load(spec, dtype=dtype, mesh=mesh)
+    language_model = None
+    if vlm_checkpoint.uses_default_lm(spec):
+        arch, cfg = vlm_checkpoint.read_config(spec)
+        cfg = vlm_checkpoint.with_dtype(arch, cfg, dtype)
+        language_model, _ = load_serving(default_target(), dtype=cfg.text.param_dtype, mesh=mesh)
+    _, _, module, lm = vlm_checkpoint.load_serving(spec, dtype=dtype, mesh=mesh, language_model=language_model)
+    from sage_jax.io.vision_lm import VisionLM
+
+    return VisionLM(module, lm_checkpoint.read_tokenizer(spec), processor_dir=vlm_checkpoint.processor_dir(
+        spec, "checkpoint"), source=os.fspath(spec), serving=lm)
+
+
 def is_vision_lm(spec: str | os.PathLike) -> bool:
     """Whether `spec` (a path `load` reads) is a vision-language model; errors as `detect` and `load`."""
     kind = detect(spec)

@@ -24,16 +24,19 @@ class VisionLM:
     Attributes:
       module: the NNX model (`Qwen25VL` or `LlavaOnevision`).  config: its config.  tokenizer: a transformers fast
       tokenizer or None.  processor_dir: where `preprocessor_config.json` lives, or None.  source: where it was
-      loaded from.
+      loaded from.  serving: the language model's serving form when it was built while restoring
+        (`sage_jax.io.vlm_checkpoint.load_serving`: the module's language-model layers are then empty, and every
+        call runs them through this), else None (built from the module on first use).
     """
 
-    def __init__(self, module, tokenizer=None, *, processor_dir: str | None = None, source: str | None = None):
+    def __init__(self, module, tokenizer=None, *, processor_dir: str | None = None, source: str | None = None,
+                 serving=None):
         self.module = module
         self.tokenizer = tokenizer
         self.processor_dir = processor_dir
         self.source = source
         self._image_processor = None
-        self._serving = None
+        self._serving = serving
 
     @property
     def config(self):
@@ -75,11 +78,11 @@ class VisionLM:
 
     def __call__(self, **inputs: Any) -> Float[Array, "B T V"]:
         """Float32 logits [B, T, V] from the keyword arrays a processor returns (numpy or jax)."""
-        return self.module(**inputs)
+        return self.module(**inputs, serving=self._serving)
 
     def generate(self, max_new_tokens: int = 32, **inputs: Any) -> np.ndarray:
         """Greedy continuation [B, max_new_tokens] of the prompts in `inputs` (plain decoding)."""
-        return self.module.generate(**inputs, max_new_tokens=max_new_tokens)
+        return self.module.generate(**inputs, max_new_tokens=max_new_tokens, serving=self._serving)
 
     def inputs(self, prompt: str | Sequence[dict], images: Sequence = (), videos: Sequence = ()) -> dict:
         """The processor outputs for one prompt: the keyword arrays `__call__` and `generate` take.

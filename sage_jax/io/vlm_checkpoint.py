@@ -262,15 +262,63 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=N
     return arch, cfg, lm_checkpoint.restore_module(path, *abstract(arch, cfg), mesh)
 
 
-def _with_default_lm(path, arch: Architecture, cfg, mesh, text_cfg, decoder):
-    """The module of a `save_adapter` checkpoint: its own parameters restored, the language model's from `decoder`
-    (the default target, which must be the LM the checkpoint was trained around)."""
+def _check_default_lm(path, cfg, text_cfg) -> None:
+    """CheckpointError unless `text_cfg` (the default target's) is the language model `save_adapter` saved around."""
     want = {k: v for k, v in cfg.text.to_json().items() if k not in ("param_dtype", "dtype")}
     have = {k: v for k, v in text_cfg.to_json().items() if k not in ("param_dtype", "dtype")}
     if want != have:
         differ = sorted(k for k in want if want[k] != have.get(k))
         raise checkpoint.CheckpointError(f"{os.fspath(path)} was trained around another language model than the "
                                          f"default target (config differs in {', '.join(differ)})")
+
+
+def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, language_model=None):
+    """Our VLM checkpoint -> (family, config, module, the language model's serving form `serving_lm.LM`), that
+    language model built in serving form while restoring (`lm_checkpoint.serving_from`), never in the checkpoint's
+    layout: one copy of its weights, where `load_checkpoint` and then `VisionLM.serving` hold two.
+
+    The module holds the vision tower and projector, read and placed array by array, and the language model's
+    embedding, final norm and head, the serving form's own arrays; its layers are empty ([0]-shaped): a `VisionLM`
+    made with the serving form (`sage_jax.io.loader.load_vision_serving`) runs them through it. `language_model`:
+    the default target's serving form, which completes a `save_adapter` checkpoint (`uses_default_lm`)."""
+    arch, cfg = read_config(path)
+    cfg = with_dtype(arch, cfg, dtype)
+    graphdef, state = abstract(arch, cfg)
+    pure = nnx.to_pure_dict(state)
+    own = {k: v for k, v in pure.items() if k != "lm"}
+    reader = checkpoint.Reader(path)
+    if uses_default_lm(path):
+        if language_model is None:
+            raise checkpoint.CheckpointError(f"{os.fspath(path)} holds its own parameters around the default target; "
+                                             f"load it with sage_jax.load")
+        _check_default_lm(path, cfg, language_model.cfg)
+        checkpoint.check_fits(reader.meta, own)
+        lm = language_model
+    else:
+        checkpoint.check_fits(reader.meta, pure)
+        lm = lm_checkpoint.serving_from(reader, cfg.text, mesh, prefix="lm/")
+    if mesh is None:
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        where = jax.tree.map(lambda _: dev, own)
+    else:
+        where = {k: v for k, v in nnx.to_pure_dict(sharding.state_shardings(state, mesh)).items() if k != "lm"}
+
+    def read(key_path, a, at):
+        key = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
+        return sharding.place(np.asarray(reader.read(key)).astype(a.dtype, copy=False), at)
+
+    params = jax.tree_util.tree_map_with_path(read, own, where)
+    empty = jax.tree.map(lambda a: jnp.zeros((0,), a.dtype), pure["lm"]["blocks"])
+    params["lm"] = {"embed": lm.embed, "final_norm": lm.final_norm, "blocks": empty,
+                    **({} if lm.lm_head is None else {"lm_head": lm.lm_head})}
+    nnx.replace_by_pure_dict(state, params)
+    return arch, cfg, nnx.merge(graphdef, state), lm
+
+
+def _with_default_lm(path, arch: Architecture, cfg, mesh, text_cfg, decoder):
+    """The module of a `save_adapter` checkpoint: its own parameters restored, the language model's from `decoder`
+    (the default target, which must be the LM the checkpoint was trained around)."""
+    _check_default_lm(path, cfg, text_cfg)
     graphdef, state = abstract(arch, cfg)
     own = {k: v for k, v in nnx.to_pure_dict(state).items() if k != "lm"}
     if mesh is None:

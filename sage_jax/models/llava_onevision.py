@@ -184,24 +184,27 @@ class LlavaOnevision(nnx.Module):
         return _embed_jit(self.cfg, b.plan, self.params(), *b.arrays()), jnp.asarray(b.positions)
 
     def __call__(self, input_ids, attention_mask=None, pixel_values=None, image_sizes=None,
-                 pixel_values_videos=None, **kw) -> Float[Array, "B T V"]:
+                 pixel_values_videos=None, serving=None, **kw) -> Float[Array, "B T V"]:
         """Float32 logits [B, T, V] of every position, from what the transformers processor returns: input_ids
         [B, T] with each `<image>` / `<video>` already repeated per feature, attention_mask [B, T] (left or right
         padding), pixel_values [N, tiles, 3, S, S] (or [sum of tiles, 3, S, S]), image_sizes [N, 2] (h, w),
-        pixel_values_videos [Nv, F, 3, S, S], batch_num_images. Logits at padding positions are unspecified."""
+        pixel_values_videos [Nv, F, 3, S, S], batch_num_images. Logits at padding positions are unspecified.
+        `serving`: the language model's serving form, if already built (`VisionLM`), else fused inside the call."""
         b = prepare(self.cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos, kw)
         serving_lm.prepare_matmul(self.cfg.text)
-        return _logits(self.cfg, b.plan, self.params(), *b.arrays(), jnp.asarray(b.valid), jnp.asarray(b.positions))
+        return _logits(self.cfg, b.plan, self.params(), *b.arrays(), jnp.asarray(b.valid), jnp.asarray(b.positions),
+                       serving=serving)
 
     def generate(self, input_ids, attention_mask=None, pixel_values=None, image_sizes=None,
-                 pixel_values_videos=None, *, max_new_tokens: int = 32, **kw) -> np.ndarray:
-        """Greedy continuation [B, max_new_tokens] with a KV cache (exactly max_new_tokens: no stop at EOS)."""
+                 pixel_values_videos=None, *, max_new_tokens: int = 32, serving=None, **kw) -> np.ndarray:
+        """Greedy continuation [B, max_new_tokens] with a KV cache (exactly max_new_tokens: no stop at EOS);
+        `serving` as `__call__`."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         b = prepare(self.cfg, input_ids, attention_mask, pixel_values, image_sizes, pixel_values_videos, kw)
         serving_lm.prepare_matmul(self.cfg.text)
         out = generate_tokens(self.cfg, b.plan, max_new_tokens, self.params(), *b.arrays(), jnp.asarray(b.valid),
-                        jnp.asarray(b.positions))
+                              jnp.asarray(b.positions), serving=serving)
         return np.asarray(out)
 
 
@@ -286,9 +289,9 @@ _embed_jit = jax.jit(embed_inputs, static_argnums=(0, 1))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _logits(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots, valid, positions):
+def _logits(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots, valid, positions, serving=None):
     x = embed_inputs(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
-    model = serving_lm.serving_params(cfg.text, params["lm"])
+    model = serving_lm.serving_params(cfg.text, params["lm"]) if serving is None else serving
     t = tokens.shape[1]
     # A query sees the earlier kept tokens, and always itself (so a padding query stays finite).
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -297,11 +300,12 @@ def _logits(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots, 
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def generate_tokens(cfg, plan, max_new, params, tokens, tiles, frames, image_slots, video_slots, valid, positions):
+def generate_tokens(cfg, plan, max_new, params, tokens, tiles, frames, image_slots, video_slots, valid, positions,
+                    serving=None):
     """Greedy continuation [B, max_new] of left-padded prompts (`valid` [B, T], `positions` [B, T]); jitted once
-    per (config, plan, max_new)."""
+    per (config, plan, max_new). `serving`: the language model's serving form, else fused from params["lm"]."""
     x = embed_inputs(cfg, plan, params, tokens, tiles, frames, image_slots, video_slots)
-    model = serving_lm.serving_params(cfg.text, params["lm"])
+    model = serving_lm.serving_params(cfg.text, params["lm"]) if serving is None else serving
     b, t = tokens.shape
     s = t + max_new
     slots = jnp.arange(s, dtype=jnp.int32)

@@ -149,8 +149,9 @@ def _embed_jit(cfg, params, ids, pixels, lay, src):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _logits(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid) -> Float[Array, "B T V"]:
-    serving = serving_lm.serving_params(cfg.text, params["lm"])
+def _logits(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid, serving=None
+            ) -> Float[Array, "B T V"]:
+    serving = serving_lm.serving_params(cfg.text, params["lm"]) if serving is None else serving
     t = ids.shape[1]
     # A query sees the earlier kept tokens and always itself (so a padding query stays finite).
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -159,10 +160,10 @@ def _logits(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9))
-def _generate(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid, deltas, n_new: int
-              ) -> Int[Array, "B n_new"]:
+def _generate(cfg: Qwen25VLConfig, params, ids, pixels, lay, src, positions, valid, deltas, n_new: int,
+              serving=None) -> Int[Array, "B n_new"]:
     """Greedy: a prefill of the prompt into a KV cache of T + n_new slots, then n_new - 1 one-token steps."""
-    serving = serving_lm.serving_params(cfg.text, params["lm"])
+    serving = serving_lm.serving_params(cfg.text, params["lm"]) if serving is None else serving
     b, t = ids.shape
     s = t + n_new
     cache = serving.init_cache(b, s)
@@ -219,24 +220,26 @@ class Qwen25VL(nnx.Module):
         return emb, jnp.asarray(x["positions"]), jnp.asarray(x["deltas"])
 
     def __call__(self, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
-                 pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **unexpected
+                 pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, serving=None, **unexpected
                  ) -> Float[Array, "B T V"]:
-        """Float32 logits [B, T, V] of every position (those at padding are unspecified)."""
+        """Float32 logits [B, T, V] of every position (those at padding are unspecified). `serving`: the language
+        model's serving form, if already built (`VisionLM`), else it is fused from `lm` inside the call."""
         x = self._prepare(input_ids, attention_mask, pixel_values, image_grid_thw, pixel_values_videos,
                           video_grid_thw, second_per_grid_ts, unexpected)
         serving_lm.prepare_matmul(self.cfg.text)
         return _logits(self.cfg, self.params(), x["ids"], x["pixels"], x["lay"], x["src"], x["positions"],
-                       x["valid"])
+                       x["valid"], serving=serving)
 
     def generate(self, input_ids, attention_mask=None, pixel_values=None, image_grid_thw=None,
                  pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, *,
-                 max_new_tokens: int = 32, **unexpected) -> np.ndarray:
-        """Greedy continuation [B, max_new_tokens] (no stop tokens), compiled once per input shapes."""
+                 max_new_tokens: int = 32, serving=None, **unexpected) -> np.ndarray:
+        """Greedy continuation [B, max_new_tokens] (no stop tokens), compiled once per input shapes; `serving` as
+        `__call__`."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         x = self._prepare(input_ids, attention_mask, pixel_values, image_grid_thw, pixel_values_videos,
                           video_grid_thw, second_per_grid_ts, unexpected)
         serving_lm.prepare_matmul(self.cfg.text)
         out = _generate(self.cfg, self.params(), x["ids"], x["pixels"], x["lay"], x["src"], x["positions"],
-                        x["valid"], x["deltas"], int(max_new_tokens))
+                        x["valid"], x["deltas"], int(max_new_tokens), serving=serving)
         return np.asarray(out)

@@ -137,6 +137,30 @@ def test_load_and_convert_give_the_reference_logits(hf_vlm, tmp_path, rel_err, c
         assert rel_err(np.asarray(placed(**inputs)), ours) <= 1e-5
 
 
+def test_serving_load_holds_one_copy_of_the_language_model(hf_vlm, tmp_path):
+    """Our checkpoint loaded as an engine loads it (`loader.load_vision_serving`): the language model built in
+    serving form while restoring, the module's language-model layers empty, its embedding and head the serving
+    form's own arrays; the serving layers, logits and greedy continuation those of `sage_jax.load`."""
+    from sage_jax.io import loader
+
+    family, path, _ = hf_vlm
+    out = tmp_path / "ckpt"
+    assert convert.main([path, str(out)]) == 0
+    full, one = sage_jax.load(out), loader.load_vision_serving(out)
+    assert all(x.shape == (0,) for x in jax.tree.leaves(one.module.lm.blocks))
+    serving = one.serving()
+    assert one.module.lm.embed[...] is serving.embed
+    ref = full.serving()
+    for got, want in zip(serving.layers, ref.layers, strict=True):
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    inputs = full.inputs("Describe the picture.", images=[_image(56, 84, 1)])
+    np.testing.assert_array_equal(np.asarray(one(**inputs)), np.asarray(full(**inputs)))
+    np.testing.assert_array_equal(one.generate(max_new_tokens=4, **inputs), full.generate(max_new_tokens=4, **inputs))
+    assert loader.load_vision_serving(path).serving().n_layers == 2  # an HF directory: read, then fused
+
+
 def test_bad_inputs_give_one_line_errors(hf_vlm, tmp_path, capsys):
     family, path, _ = hf_vlm
     model = sage_jax.load(path)
