@@ -86,19 +86,24 @@ def test_serving_form_built_while_restoring_onto_a_mesh(ckpt, devices, n_devices
 
 
 _RSS_SCRIPT = """
-import json, resource, sys
+import json, sys
 import jax, numpy as np
 from sage_jax.io import lm_checkpoint
 jax.block_until_ready(jax.jit(lambda x: x + 1)(np.ones(3)))
-with open("/proc/self/statm") as f:
-    base = int(f.read().split()[1]) * 4096
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+with open("/proc/self/clear_refs", "w") as f:  # the peak RSS (VmHWM) restarts from here: only loading counts
+    f.write("5")
+base = status("VmRSS")
 if sys.argv[2] == "serving":
     lm = lm_checkpoint.load_serving(sys.argv[1])[1]
 else:
     lm = lm_checkpoint.load_lm(sys.argv[1])[1].serving()
 jax.block_until_ready(lm)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"base": base, "peak": peak, "served": sum(x.nbytes for x in jax.tree.leaves(lm))}))
+print(json.dumps({"base": base, "peak": status("VmHWM"), "served": sum(x.nbytes for x in jax.tree.leaves(lm))}))
 """
 
 
