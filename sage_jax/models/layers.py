@@ -131,13 +131,12 @@ def causal_mask(t: int, pad_left: Int[Array, " B"]) -> Bool[Array, "B T T"]:
 # XLA picks a matmul's (and a reduction's) blocking by its shape, so the same row rounds differently in a one-token
 # decode step and in a verify forward of k + 1 rows (XLA:CPU: a one-row dot runs as a GEMV, two or more rows as a
 # GEMM; every row differs in its last bits). In bfloat16 such differences flip near-tied argmaxes, and speculative
-# decoding stops equalling plain decoding. The exact mode computes every row in a computation whose shapes do not
-# depend on the number of rows: the dense parts of a layer in tiles of `ROW_TILE` rows (a row's bits do not depend
-# on its place in the tile nor on the other rows: tests/sage_jax/models/test_invariant.py), attention one query row
-# at a time over the whole cache.
+# decoding stops equalling plain decoding. The exact mode computes every row in computations whose shapes do not
+# depend on the number of rows: matmuls in fixed row tiles (`pallas_kernels.row_tiled_matmul`), the row-wise rest
+# in tiles of `ROW_TILE` rows (`tiled_rows`), attention one query at a time (`attention_row`); a row's bits depend
+# neither on its place in a tile nor on the other rows (tests/sage_jax/models/test_exact_mode.py).
 
-#: Rows per tile of the exact mode's dense computations. Eight: a one-row decode step then costs an 8-row GEMM,
-#: about what XLA:CPU's own one-row bfloat16 dot costs (benchmarks/sage/results/exact_mode).
+#: Rows per tile of the exact mode's row-wise computations (norms, RoPE, activations, residuals).
 ROW_TILE = 8
 
 

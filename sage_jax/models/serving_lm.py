@@ -124,8 +124,7 @@ def project(cfg: LMConfig, w: Float[Array, "E D"], x: Float[Array, "D M"]) -> Fl
     columns of a decode or verify step (`cfg.matmul == "auto"`; `skinny_matmul.kernel_usable`: once
     `prepare_matmul` has loaded it), else XLA's dot."""
     if cfg.matmul == "exact":  # the shape-invariant mode: fixed row tiles, float32 accumulation
-        return layers.tiled_rows(lambda xt: jnp.einsum("MD,ED->ME", xt, w, preferred_element_type=jnp.float32)
-                                 .astype(x.dtype), x.T).T
+        return _exact_matmul(x.T, w).astype(x.dtype).T
     if cfg.matmul == "auto" and skinny_matmul.kernel_usable(w, x):
         return skinny_matmul.skinny_matmul(w, x, impl="kernel")
     return jnp.einsum("ED,DM->EM", w, x)
@@ -177,18 +176,28 @@ def block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array
     return _mlp(cfg, p, xm, o, b, t, groups[1]), k_cache, v_cache
 
 
+def _exact_matmul(x: Float[Array, "M D"], w: Float[Array, "E D"] | Float[Array, "D E"], w_layout: str = "ED"
+                  ) -> Float[Array, "M E"]:
+    """The exact mode's matmul, float32: `pallas_kernels.row_tiled_matmul` (fixed row tiles and reduction blocks;
+    Mosaic on TPU, Triton on GPU, the jnp reference in 8-row tiles elsewhere)."""
+    from pallas_kernels.row_tiled_matmul import row_tiled_matmul  # here: importing Pallas costs every CLI 0.4 s
+
+    return row_tiled_matmul(x, w, w_layout=w_layout)
+
+
 def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
                  k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
                  write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility, write: bool,
                  groups: Groups):
     """`block` in the shape-invariant mode: a row's output has the same bits whatever the number of rows, and a
-    tree's node computes as the same token decoded alone would (`layers.tiled_rows`, `layers.attention_row`).
+    tree's node computes as the same token decoded alone would.
 
-    The dense parts (norms, projections, RoPE, MLP) run in fixed row tiles with float32 accumulation. Attention
-    runs one query at a time over the whole cache. Reading the cache only (`write=False`, a `Visibility`: a
-    speculative verify), each query sees its visible window keys laid over the slots they will hold once its
-    path is committed, in order from `start` (a tree node's ancestors by depth), so that it attends exactly as
-    it will when decoded alone after that path: same keys in the same slots, the rest weighing exactly 0."""
+    Matmuls through `_exact_matmul` (float32 accumulation), everything else row-wise in fixed tiles
+    (`layers.tiled_rows`: norms, bias, RoPE, the gated activation, residuals). Attention runs one query at a time
+    over the whole cache (`layers.attention_row`). Reading the cache only (`write=False`, a `Visibility`: a
+    speculative verify), each query sees its visible window keys laid over the slots they will hold once its path
+    is committed, in order from `start` (a tree node's ancestors by depth), so that it attends exactly as it will
+    when decoded alone after that path: same keys in the same slots, the rest weighing exactly 0."""
     if groups != (1, 1):
         raise ValueError("the exact mode runs on one device: a tensor-parallel layout is not supported")
     dt = jnp.dtype(cfg.dtype)
@@ -196,20 +205,20 @@ def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: In
     n, kh, hd, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
     inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
     w = {k: v.astype(jnp.float32 if k in ("attn_norm", "mlp_norm", "bqkv") else dt) for k, v in p.items()}
+    tiled = layers.tiled_rows
 
-    def qkv_tile(xt, pt):  # [R, D], positions [R] or [R, 3]
-        r = xt.shape[0]
-        y = jnp.einsum("MD,ED->ME", layers.rms_norm(xt, w["attn_norm"], cfg.norm_eps), w["qkv"],
-                       preferred_element_type=jnp.float32)
+    def qkv_tile(yt, pt):  # [R, E] float32, positions [R] or [R, 3]
+        r = yt.shape[0]
         if cfg.qkv_bias:
-            y = y + w["bqkv"][None]
-        q, k, v = jnp.split(y.astype(dt), np.cumsum([n * hd, kh * hd]), axis=-1)
+            yt = yt + w["bqkv"][None]
+        q, k, v = jnp.split(yt.astype(dt), np.cumsum([n * hd, kh * hd]), axis=-1)
         rope = lambda z, heads: layers.apply_rope(  # noqa: E731
             z.reshape(1, r, heads, hd), pt[None], inv_freq, rope_scale, cfg.rope.mrope_section)[0]
         return rope(q, n), rope(k, kh), v.reshape(r, kh, hd)
 
     rows = x.reshape(b * t, d)
-    q, k, v = layers.tiled_rows(qkv_tile, rows, positions.reshape(b * t, *positions.shape[2:]))
+    h = tiled(lambda xt: layers.rms_norm(xt, w["attn_norm"], cfg.norm_eps), rows)
+    q, k, v = tiled(qkv_tile, _exact_matmul(h, w["qkv"]), positions.reshape(b * t, *positions.shape[2:]))
     k, v = k.reshape(b, t, kh, hd), v.reshape(b, t, kh, hd)
     overlay = k_cache is not None and not write
     if overlay:
@@ -239,17 +248,15 @@ def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: In
             visible = dense[bi, i % t]
         return layers.attention_row(q[i], kc.astype(dt), vc.astype(dt), visible)
 
-    o = jax.lax.map(attend, jnp.arange(b * t))
+    o = jax.lax.map(attend, jnp.arange(b * t)).reshape(b * t, -1)
 
-    def out_tile(xt, ot):  # [R, D], [R, N, H]
-        xt = xt + jnp.einsum("MI,DI->MD", ot.reshape(xt.shape[0], -1), w["o"],
-                             preferred_element_type=jnp.float32).astype(dt)
-        gu = jnp.einsum("MD,FD->MF", layers.rms_norm(xt, w["mlp_norm"], cfg.norm_eps), w["gate_up"],
-                        preferred_element_type=jnp.float32).astype(dt)
-        act = jax.nn.silu(gu[:, :f]) * gu[:, f:]
-        return xt + jnp.einsum("MF,DF->MD", act, w["down"], preferred_element_type=jnp.float32).astype(dt)
+    def mlp_in(xt, yt):  # the attention's residual, and the MLP's normed input
+        xt = xt + yt.astype(dt)
+        return xt, layers.rms_norm(xt, w["mlp_norm"], cfg.norm_eps)
 
-    out = layers.tiled_rows(out_tile, rows, o).reshape(b, t, d)
+    rows, h = tiled(mlp_in, rows, _exact_matmul(o, w["o"]))
+    act = tiled(lambda gu: jax.nn.silu(gu[:, :f].astype(dt)) * gu[:, f:].astype(dt), _exact_matmul(h, w["gate_up"]))
+    out = tiled(lambda xt, yt: xt + yt.astype(dt), rows, _exact_matmul(act, w["down"])).reshape(b, t, d)
     if overlay:
         return out, k, v
     return out, (keys if k_cache is not None else None), (vals if k_cache is not None else None)
@@ -370,16 +377,11 @@ def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "
 @jax.named_scope(MODEL_SCOPE)
 def head(cfg: LMConfig, embed, final_norm, lm_head, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
     """Final norm + LM head; float32 logits."""
-    if cfg.matmul == "exact":  # fixed row tiles (`layers.tiled_rows`)
+    if cfg.matmul == "exact":  # the shape-invariant mode (`_exact_block`)
         b, t, d = hidden.shape
-
-        def tile(ht):
-            ht = layers.rms_norm(ht, final_norm, cfg.norm_eps)
-            if lm_head is None:
-                return jnp.einsum("MD,VD->MV", ht, embed.astype(ht.dtype), preferred_element_type=jnp.float32)
-            return jnp.einsum("MD,DV->MV", ht, lm_head.astype(ht.dtype), preferred_element_type=jnp.float32)
-
-        return shard(layers.tiled_rows(tile, hidden.reshape(b * t, d)).reshape(b, t, -1), ("batch", "seq", "vocab"))
+        h = layers.tiled_rows(lambda ht: layers.rms_norm(ht, final_norm, cfg.norm_eps), hidden.reshape(b * t, d))
+        w, layout = (embed, "ED") if lm_head is None else (lm_head, "DE")
+        return shard(_exact_matmul(h, w.astype(h.dtype), layout).reshape(b, t, -1), ("batch", "seq", "vocab"))
     h = layers.rms_norm(hidden, final_norm, cfg.norm_eps)
     b, t, d = h.shape
     if lm_head is None and cfg.matmul == "auto" and skinny_matmul.kernel_usable(embed, h.reshape(b * t, d), True):

@@ -115,3 +115,19 @@ def test_tiles_hold_the_rows_they_were_given():
     y = layers.tiled_rows(lambda t: (t * 2, t.sum(-1)), x)
     np.testing.assert_array_equal(y[0], x * 2)
     np.testing.assert_array_equal(y[1], x.sum(-1))
+
+
+def test_the_exact_verify_forward_lowers_for_tpu_with_the_mosaic_matmul(tiny_lm):
+    """From this CPU host: the exact mode's verify forward exports for TPU, its matmuls the Mosaic kernel."""
+    lm = _exact_lm(tiny_lm, "qwen2")
+    cache = jax.eval_shape(lambda: lm.init_cache(1, 64))
+    vis = Visibility(pad=jnp.zeros((1,), jnp.int32), start=jnp.full((1,), 9, jnp.int32),
+                     window=jnp.tril(jnp.ones((5, 5), bool))[None])
+
+    def verify(lm, tokens, cache):
+        hidden, _ = lm.forward(tokens, jnp.full((1, 5), 9, jnp.int32), vis, cache, jnp.full((1,), 9, jnp.int32),
+                               write=False)
+        return lm.head(hidden)
+
+    exp = jax.export.export(jax.jit(verify), platforms=["tpu"])(lm, jax.ShapeDtypeStruct((1, 5), jnp.int32), cache)
+    assert exp.mlir_module().count("tpu_custom_call") >= 5  # q|k|v, o, gate|up, down per layer, and the head
