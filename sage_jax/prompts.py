@@ -9,6 +9,9 @@ topics out (`training/wordnet.py`), and `tests/sage_jax/training` checks that no
 
 from __future__ import annotations
 
+import json
+import os
+
 EVAL_PROMPTS: tuple[tuple[str, str], ...] = (
     ("code", "Write a Python function that returns the n-th Fibonacci number iteratively."),
     ("code", "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."),
@@ -119,3 +122,36 @@ def bench_prompts(n: int | None = None) -> list[str]:
 def held_out_texts(bench: bool = True) -> list[str]:
     """Every held-out prompt text (with `bench`, the benchmark's too): what training data must stay away from."""
     return [text for _, text in (*EVAL_PROMPTS, *(BENCH_PROMPTS if bench else ()))]
+
+
+def read_prompts_file(path: str | os.PathLike) -> list[str]:
+    """The prompts of a user's file: a JSONL file (`.jsonl`) holds one JSON object with a "prompt" string per line,
+    any other file one prompt per line; blank lines are skipped. ValueError (one line, naming the file and line)
+    for a missing, unreadable or empty file, a line that is not such an object, or an empty prompt."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        raise ValueError(f"no such prompts file: {name}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read prompts file {name}: {getattr(e, 'strerror', None) or e}") from None
+    jsonl = name.endswith(".jsonl")
+    prompts = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{name}, line {i}: not JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise ValueError(f"{name}, line {i}: expected an object with a \"prompt\" string")
+            line = obj["prompt"]
+        if not line.strip():
+            raise ValueError(f"{name}, line {i}: the prompt is empty")
+        prompts.append(line)
+    if not prompts:
+        raise ValueError(f"prompts file {name} holds no prompt")
+    return prompts

@@ -1,10 +1,11 @@
 """`python -m sage_jax.bench`: our AR and speculative decoders vs transformers on the same weights, one process.
 
-    python -m sage_jax.bench [--prompts N] [--max-new-tokens 128] [--budget auto|static|N,D] [--methods a,b]
-                             [--sweep 7,31,64] [--no-hf] [--no-ablations] [--attention xla|pallas] [--out DIR]
-                             [--quick]
+    python -m sage_jax.bench [--prompts N] [--prompt-set chat|copy | --prompts-file FILE] [--max-new-tokens 128]
+                             [--budget auto|static|N,D] [--methods a,b] [--sweep 7,31,64] [--no-hf] [--no-ablations]
+                             [--attention xla|pallas] [--matmul auto|xla|exact] [--out DIR] [--quick]
 
-Prints a Markdown table; writes DIR/bench.json, DIR/table.md and DIR/*.png, the first two with what produced them
+`--prompts-file FILE` measures on your own prompts (one per line, or JSONL with a "prompt" field). Prints a Markdown
+table; writes DIR/bench.json, DIR/table.md and DIR/*.png, the first two with what produced them
 (commit, command line, the draft's sha256, CPU, jax; `configs.provenance`). `--quick`: tiny random target, CI smoke
 run.
 
@@ -36,6 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all of the set)")
     ap.add_argument("--prompt-set", choices=("chat", "copy"), default="chat", help="the held-out chat prompts "
                     "(32) or the copy-heavy ones (8: repeat, edit, fix, quote; where retrieval branches pay)")
+    ap.add_argument("--prompts-file", metavar="FILE", help="your own prompts instead of a set: one per line, or JSONL "
+                    "(.jsonl) with a \"prompt\" field per line")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budget", default="auto", help="tree budget: auto (measured cost profile), static, or N,D")
     ap.add_argument("--methods", help="comma-separated subset of methods (ar is always included)")
@@ -78,6 +81,8 @@ def _main(argv: list[str] | None) -> int:
     if args.vlm:
         from sage_jax.bench import vlm
 
+        if args.prompts_file:
+            raise cli.BadInput("--prompts-file takes text prompts; --vlm asks about --image / --video")
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
         return vlm.run(args, argv)

@@ -14,7 +14,7 @@ import tempfile
 
 from configs import cli
 from sage_jax.bench import methods as M
-from sage_jax.prompts import COPY_PROMPTS, bench_prompts
+from sage_jax.prompts import COPY_PROMPTS, bench_prompts, read_prompts_file
 
 
 @dataclasses.dataclass
@@ -68,8 +68,13 @@ def build(args: argparse.Namespace) -> Suite:
     if args.draft_layers < 1:
         raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
     att = dict(attention=args.attention, matmul=args.matmul)
+    own = None
+    if args.prompts_file:
+        with cli.reported(ValueError):
+            own = read_prompts_file(args.prompts_file)
     if args.quick:
-        target, prompts = _tiny_target(head_dim=64 if args.attention == "pallas" else 16)  # the kernels' head dims
+        # The kernels' head dims; a tiny target reads a prompts file's texts by its own toy tokenization.
+        target, prompts = _tiny_target(head_dim=64 if args.attention == "pallas" else 16, texts=own)
         self_1 = DraftSpec(kind="self", n_layers=1)
         engine, lm_engine = Engine(target, draft_spec=self_1, **att), Engine(target, draft_spec=self_1, **att)
         draft_lm, n_lm, draft_path = None, 1, None
@@ -88,7 +93,7 @@ def build(args: argparse.Namespace) -> Suite:
             n_lm = args.draft_layers if draft_lm is None else draft_lm.config.n_layers
             lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm), **att)
                          if draft_lm is None else Engine(engine.target, draft_lm, **att))
-        texts = bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS]
+        texts = own or (bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS])
         prompts = [engine.encode(p) for p in texts]
     methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep,
                                                               datastore=engine.datastore is not None)]
@@ -119,7 +124,9 @@ def build(args: argparse.Namespace) -> Suite:
         profile = engine.chooser(sage.policy, max(len(p) for p in prompts), args.max_new_tokens).profile.to_json()
     lm_desc = args.draft_lm or f"self ({n_lm} layers)"
     title = (f"{'tiny random target (--quick)' if args.quick else 'SmolLM2-135M-Instruct'}, greedy, "
-             f"{args.max_new_tokens} new tokens, {len(prompts)} {args.prompt_set} prompts; draft {engine.description}; "
+             f"{args.max_new_tokens} new tokens, {len(prompts)} "
+             f"{'prompts from ' + os.path.basename(args.prompts_file) if own else args.prompt_set + ' prompts'}; "
+             f"draft {engine.description}; "
              f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}"
              f"{'; XLA dots only (--matmul xla)' if args.matmul == 'xla' else ''}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile,
@@ -138,7 +145,7 @@ def _canonical_params(target, spec):
     return loader.load_lm(spec if spec is not None else loader.default_target())[1].params()
 
 
-def _tiny_target(head_dim: int = 16):
+def _tiny_target(head_dim: int = 16, texts: list[str] | None = None):
     import jax
     from flax import nnx
 
@@ -150,5 +157,5 @@ def _tiny_target(head_dim: int = 16):
     # Scaled-up random weights: peaked distributions, so drafts are sometimes right (as in the tests).
     nnx.update(model, jax.tree.map(lambda x: x * 6.0 if x.ndim > 1 else x, nnx.state(model, nnx.Param)))
     prompts = [[2 + (ord(c) * 7 + i) % (cfg.vocab_size - 2) for i, c in enumerate(text[:24])]
-               for text in bench_prompts(3)]
+               for text in (texts or bench_prompts(3))]
     return model, prompts

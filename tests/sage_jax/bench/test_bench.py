@@ -36,6 +36,22 @@ def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]
 
 
+def test_prompts_file_replaces_the_set(tmp_path, capsys):
+    """`--prompts-file`: the suite's prompts are the file's (the tiny target reads their toy tokenization); a bad
+    file, or one given to `--vlm`, is one line and exit code 2."""
+    from sage_jax.bench import suite
+
+    path = tmp_path / "mine.txt"
+    path.write_text("First question?\nSecond one, a little longer.\n", encoding="utf-8")
+    s = suite.build(bench.parse(["--quick", "--no-hf", "--methods", "ar", "--prompts-file", str(path)]))
+    assert len(s.prompts) == 2 and len(s.prompts[1]) == 24 and "2 prompts from mine.txt" in s.title
+    for argv, msg in ((["--prompts-file", str(tmp_path / "none.txt")], "no such prompts file"),
+                      (["--vlm", "--prompts-file", str(path)], "--prompts-file takes text prompts")):
+        assert bench.main(["--quick", "--no-hf", "--out", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]
+
+
 @pytest.mark.integration
 def test_quick_run_end_to_end(tmp_path, cache_dir):
     # A separate process, as CI users run it: the torch baselines' thread pools and the run's compiled programs
