@@ -140,8 +140,9 @@ def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
     from sage_jax.io import loader
 
     lm, tok = loader.load_serving(smollm2_path, dtype="bfloat16")
+    lm = lm.with_matmul("exact")
     prompt = jnp.asarray([tok.encode("The capital of France is")], jnp.int32)
-    p, capacity = prompt.shape[1], 64
+    p = prompt.shape[1]
     parent = [-1, 0, 0, 1, 1, 2, 3]
     anc = np.eye(7, dtype=bool)
     for i, par in enumerate(parent):
@@ -149,26 +150,22 @@ def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
             anc[i] |= anc[par]
     depth = anc.sum(1) - 1
     tokens = jnp.asarray([[int(prompt[0, -1]), 12366, 3456, 314, 260, 1341, 28]], jnp.int32)
+    cache = _prefilled(lm, "llama", prompt[:, :-1], 64)
+    start = jnp.full((1,), p - 1, jnp.int32)
 
-    def run(lm):
-        cache = _prefilled(lm, "llama", prompt[:, :-1], capacity)
-        start = jnp.full((1,), p - 1, jnp.int32)
+    @jax.jit
+    def verify(lm, tokens, window, cache):
+        t = tokens.shape[1]
+        vis = Visibility(pad=jnp.zeros((1,), jnp.int32), start=start, window=window[None])
+        pos = (p - 1 + jnp.asarray(depth[:t]))[None]
+        hidden, kv = lm.forward(tokens, pos, vis, cache, start, write=False)
+        return lm.head(hidden)[0], kv
 
-        @jax.jit
-        def verify(lm, tokens, window, cache):
-            t = tokens.shape[1]
-            vis = Visibility(pad=jnp.zeros((1,), jnp.int32), start=start, window=window[None])
-            pos = (p - 1 + jnp.asarray(depth[:t]))[None]
-            hidden, kv = lm.forward(tokens, pos, vis, cache, start, write=False)
-            return lm.head(hidden)[0], kv
-
-        tree, _ = verify(lm, tokens, jnp.asarray(anc), cache)
-        root, kv = verify(lm, tokens[:, :1], jnp.ones((1, 1), bool), cache)
-        return np.asarray(tree), np.asarray(root), cache.commit(kv, jnp.zeros((1, 1), jnp.int32), start)
-
-    tree, root, committed = run(lm.with_matmul("exact"))
-    np.testing.assert_array_equal(tree[0], root[0])
+    tree, _ = verify(lm, tokens, jnp.asarray(anc), cache)
+    root, kv = verify(lm, tokens[:, :1], jnp.ones((1, 1), bool), cache)
+    np.testing.assert_array_equal(np.asarray(tree[0]), np.asarray(root[0]))
+    committed = cache.commit(kv, jnp.zeros((1, 1), jnp.int32), start)
     child = Visibility.chain(jnp.full((1,), p, jnp.int32), jnp.zeros((1,), jnp.int32), 1)
     hidden, _ = jax.jit(lambda lm, c: lm.forward(tokens[:, 1:2], jnp.full((1, 1), p, jnp.int32), child, c,
-                                                 jnp.full((1,), p, jnp.int32)))(lm.with_matmul("exact"), committed)
-    np.testing.assert_array_equal(np.asarray(lm.with_matmul("exact").head(hidden))[0, 0], tree[1])
+                                                 jnp.full((1,), p, jnp.int32)))(lm, committed)
+    np.testing.assert_array_equal(np.asarray(lm.head(hidden))[0, 0], np.asarray(tree[1]))
