@@ -68,7 +68,9 @@ class Stats:
     steps: int
     target_forwards: int
     draft_forwards: int
-    mean_accepted: float  # τ: accepted draft tokens per step, bonus token excluded
+    # τ: committed draft tokens per row-step, bonus token excluded (a last step cut at EOS or max_new_tokens counts
+    # what it committed), so that τ + 1 = (new tokens − the prefill's first token per row) / row_steps.
+    mean_accepted: float
     mean_tokens_per_step: float  # τ + 1
     tokens_per_second: float  # decode loop only (prefill and compile excluded)
     prefill_seconds: float
@@ -82,7 +84,7 @@ class Stats:
     width_trace: list[int] = dataclasses.field(default_factory=list)
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards
-    accepted_at: list[int] = dataclasses.field(default_factory=list)  # accepted draft nodes per priority rank
+    accepted_at: list[int] = dataclasses.field(default_factory=list)  # committed draft nodes per priority rank
     # Retrieval chains (`TreePolicy.retrieval`), summed over rows: steps that merged one, the nodes they added to
     # the trees, and the accepted tokens on those nodes.
     retrieval_steps: int = 0

@@ -43,7 +43,7 @@ def evaluate(engine, prompt_ids: list, policies: list[str], max_new_tokens: int,
         a = acc[policy]
         loop_tokens = st.new_tokens - len(chunk)  # the first token of each row comes from the prefill
         a["tokens"].append(loop_tokens)
-        a["steps"].append(loop_tokens / st.mean_tokens_per_step if policy != "ar" else loop_tokens)  # AR: 1/step
+        a["steps"].append(st.row_steps if policy != "ar" else loop_tokens)  # AR: one token a step
         a["secs"].append(st.decode_seconds)
         a["same"].extend(g == r for g, r in zip(gen.token_ids, ref[i * batch: i * batch + len(chunk)], strict=True))
     out: dict[str, dict] = {}

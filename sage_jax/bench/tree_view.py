@@ -139,9 +139,10 @@ def _compiled(cfg: spec.SpecConfig, draft_spec: DraftSpec):
         key, sub = jax.random.split(s.key)
         d = spec.draft(cfg, drafter, s)
         v = spec.verify(cfg, lm_t, s, d.tree, drafter, temperature, sub)
-        s = spec.commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
-        s = spec.update_policy(cfg, s, d, v, active)
-        s = spec.record(cfg.policy, s, d, v, active)
+        committed = spec.commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
+        kept = committed.n_gen - s.n_gen - active
+        committed = spec.update_policy(cfg, committed, d, v, active)
+        s = spec.record(cfg.policy, committed, d, v, active, kept)
         return s, d.tree, d.alpha_used, v.path, v.tau, v.bonus
 
     return jax.jit(prefill), jax.jit(step)

@@ -80,11 +80,12 @@ class SpecState:
       alpha: [B] confidence that shapes the next tree.  d_max: [B] SAGE's moving depth cap.
       hist: [B, hist] recent τ, `hist_n` [B] how many were recorded.
       n_budget, d_budget: [B] the hardware-aware node budget (<= n_max) and depth cap (<= d_cap).
-      steps: loop iterations.  sum_tau, n_steps: [B] accepted tokens (bonus excluded) and active steps per row.
+      steps: loop iterations.  sum_tau, n_steps: [B] committed draft tokens (bonus excluded; a last step cut at EOS or
+        `max_new` counts only what it committed) and active steps per row.
       draft_forwards: draft forwards spent (batched).  draft_width, verify_width: summed static widths those
         forwards and the target's verify forwards ran at (with bucketing, what the step really paid for).
       accepted_at: [ranks] (n_max + 1) how often a draft node of each priority rank (1 = admitted first) was
-        accepted, over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
+        committed, over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
       r_score: [B] the running precision of each row's retrieval chains (the gate, `retrieval.precision`).
       r_steps, r_nodes, r_accepted: row-steps that merged a chain, the nodes the chains added to the trees, and the
         accepted tokens that sat on those nodes (what retrieval adds to E[τ] and to the verify width).
@@ -474,7 +475,10 @@ def update_policy(cfg: SpecConfig, s: SpecState, d: Draft, v: Verdict, active: B
 # ******** Statistics: counters, per-rank acceptance (`budget.py`) and row 0's traces. ********
 
 
-def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"]) -> SpecState:
+def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active: Bool[Array, " B"],
+           kept: Int[Array, " B"]) -> SpecState:
+    """Counts the step. `kept`: the draft tokens each row committed (`v.tau`, less what EOS or the row's token limit
+    cut off on its last step): τ and the per-rank acceptance count what reached the output, not what verified."""
     tree = d.tree
     depth_of_level = jnp.arange(1, pol.d_cap + 1)[:, None]
     level_sizes = jnp.sum(tree.valid[0][None, :] & (tree.depth[0][None, :] == depth_of_level), 1)
@@ -490,13 +494,13 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
         rank = jnp.broadcast_to(jnp.arange(tree.size), tree.valid.shape)
     rank = jnp.where(chain, pol.n_max + 1, rank)
     i = jnp.arange(v.path.shape[1])[None]
-    on_path = (i >= 1) & (i <= v.tau[:, None]) & active[:, None]
+    on_path = (i >= 1) & (i <= kept[:, None]) & active[:, None]
     path_rank = jnp.where(on_path, jnp.take_along_axis(rank, v.path, 1), pol.n_max + 1)
     on_chain = on_path & jnp.take_along_axis(chain, v.path, 1)
     chain_nodes = jnp.sum(tree.valid & chain, axis=1)
     at = s.steps
     return s.replace(
-        steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, v.tau, 0), n_steps=s.n_steps + active,
+        steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, kept, 0), n_steps=s.n_steps + active,
         draft_forwards=s.draft_forwards + d.forwards, draft_width=s.draft_width + d.width,
         verify_width=s.verify_width + v.width,
         accepted_at=s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop"),
@@ -505,7 +509,7 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
         alpha_trace=s.alpha_trace.at[at].set(d.alpha_used[0]),
         depth_trace=s.depth_trace.at[at].set(jnp.max(jnp.where(tree.valid[0], tree.depth[0], 0))),
         nodes_trace=s.nodes_trace.at[at].set(jnp.sum(tree.valid[0]) - 1),
-        width_trace=s.width_trace.at[at].set(jnp.max(level_sizes)), tau_trace=s.tau_trace.at[at].set(v.tau[0]))
+        width_trace=s.width_trace.at[at].set(jnp.max(level_sizes)), tau_trace=s.tau_trace.at[at].set(kept[0]))
 
 
 # ******** The loop. ********
@@ -517,9 +521,10 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     key, sub = jax.random.split(s.key)
     d = draft(cfg, drafter, s, store)
     v = verify(cfg, target, s, d.tree, drafter, temperature, sub)
-    s = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
-    s = update_policy(cfg, s, d, v, active)
-    return record(cfg.policy, s, d, v, active)
+    committed = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
+    kept = committed.n_gen - s.n_gen - active  # draft tokens committed (0 on finished rows)
+    committed = update_policy(cfg, committed, d, v, active)
+    return record(cfg.policy, committed, d, v, active, kept)
 
 
 def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature: Float[Array, " B"],

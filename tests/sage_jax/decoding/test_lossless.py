@@ -45,6 +45,15 @@ def _engine(*args, matmul: str, **kw) -> Engine:
     return engine
 
 
+def _assert_tau_counts_committed(gen):
+    """τ counts committed tokens: every loop token is a committed draft token or a step's bonus (a last step cut
+    at EOS or at the token limit adds only what it committed), and the per-rank counts add up to the same."""
+    st = gen.stats
+    loop_tokens = st.new_tokens - len(gen.token_ids)  # the prefill gives each row its first token
+    assert round(st.mean_accepted * st.row_steps) + st.row_steps == loop_tokens, (st.mean_accepted, st.row_steps)
+    assert sum(st.accepted_at) == round(st.mean_accepted * st.row_steps)
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_lm):
     # EOS = 7 ends some rows early; the draft is a different, smaller random model with the same vocabulary.
@@ -66,6 +75,7 @@ def test_tiny_batch_every_policy_matches_ar(tiny_pair, matmul):
     for name in POLICIES:
         got = engine.generate(prompts, policy=name, max_new_tokens=40)
         assert got.token_ids == ref.token_ids, name
+        _assert_tau_counts_committed(got)  # rows end at EOS (7) inside accepted paths
         assert got.stats.steps < ref.stats.steps or name == "chain", (name, got.stats.steps)
 
 
@@ -77,6 +87,7 @@ def test_tiny_self_draft_and_token_limit(tiny_pair, matmul):
         ref = engine.generate([[3, 4, 5]], policy="ar", max_new_tokens=limit)
         got = engine.generate([[3, 4, 5]], policy="sage", max_new_tokens=limit)
         assert got.token_ids == ref.token_ids
+        _assert_tau_counts_committed(got)  # the last step's path runs past the limit
         assert all(len(t) <= limit for t in got.token_ids)
 
 
