@@ -1,14 +1,25 @@
-"""The project's two fixed sets of held-out chat prompts, hand-written here and never used for draft training.
+"""The project's prompt splits, hand-written and never used for draft training: `dev`, on which every setting is
+chosen (heads, thresholds, gates, budgets), and `test`, frozen, which no choice may read and which the README
+quotes. Each holds three kinds of requests, because acceptance depends on how predictable the answer is:
 
-`EVAL_PROMPTS` (24) are the draft-acceptance check's (`python -m sage_jax.evaluate_draft`); `BENCH_PROMPTS` (32)
-are the speed benchmark's (`python -m sage_jax.bench`), `COPY_PROMPTS` (8) its copy-heavy set (`--prompt-set
-copy`). Several kinds, because acceptance depends on how predictable
-the answer is: code, explanations, rewriting (copy-heavy), lists, math, summaries, advice. Training data keeps their
-topics out (`training/wordnet.py`), and `tests/sage_jax/training` checks that no training prompt contains one.
+- chat: everyday requests (explanations, lists, rewriting, arithmetic, summaries, advice, small code questions);
+- copy: copy-heavy requests whose answer repeats long runs of the prompt (repeat, edit, fix, reformat, quote),
+  where prompt-lookup chains pay;
+- code: programming requests (write, explain, test, convert).
+
+`dev` is the older sets below plus `assets/prompts/dev.jsonl`: `EVAL_PROMPTS` (24) are the draft-acceptance
+check's (`python -m sage_jax.evaluate_draft`) and `BENCH_PROMPTS` (32) were the speed benchmark's, both chat (the
+code ones of `EVAL_PROMPTS` count as code); `COPY_PROMPTS` (8) are copy. `test` is `assets/prompts/test.jsonl`.
+`prompt_set("test-chat")` and the like give one kind of a split (`SETS`); `python -m sage_jax.bench --prompt-set
+NAME` measures on it. Training data keeps every prompt of both splits out: the WordNet prompts avoid the older
+sets' topics (`training/wordnet.py`), every training source's prompts are checked against both splits
+(`tests/sage_jax/test_prompts.py`), and the prompts the target writes itself drop any near one of them
+(`training/self_prompts.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -117,6 +128,50 @@ def bench_prompts(n: int | None = None) -> list[str]:
                 order.append(texts[i])
         i += 1
     return order if n is None else order[:n]
+
+
+SPLITS = ("dev", "test")
+KINDS = ("chat", "copy", "code")
+#: The names `prompt_set` takes: a whole split, or one kind of it.
+SETS = (*SPLITS, *(f"{split}-{kind}" for split in SPLITS for kind in KINDS))
+_ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "prompts")
+
+
+@functools.cache
+def split(name: str) -> tuple[tuple[str, str, str], ...]:
+    """Every prompt of split `name` ("dev" or "test") as (kind, category, text), in file order."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; expected one of {', '.join(SPLITS)}")
+    rows = []
+    if name == "dev":
+        rows += [("chat", cat, text) for cat, text in BENCH_PROMPTS]
+        rows += [("code" if cat == "code" else "chat", cat, text) for cat, text in EVAL_PROMPTS]
+        rows += [("copy", cat, text) for cat, text in COPY_PROMPTS]
+    with open(os.path.join(_ASSETS, f"{name}.jsonl"), encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                r = json.loads(line)
+                rows.append((r["kind"], r["category"], r["prompt"]))
+    return tuple(rows)
+
+
+def prompt_set(name: str) -> list[str]:
+    """The prompt texts of set `name` (`SETS`: "dev", "test", or "<split>-<kind>", e.g. "test-chat"), kinds and
+    categories interleaved so that a prefix covers every category."""
+    if name not in SETS:
+        raise ValueError(f"unknown prompt set {name!r}; expected one of {', '.join(SETS)}")
+    split_name, _, kind = name.partition("-")
+    rows = [r for r in split(split_name) if not kind or r[0] == kind]
+    groups: dict[tuple[str, str], list[str]] = {}
+    for k, cat, text in rows:
+        groups.setdefault((k, cat), []).append(text)
+    order, i = [], 0
+    while len(order) < len(rows):
+        for texts in groups.values():
+            if i < len(texts):
+                order.append(texts[i])
+        i += 1
+    return order
 
 
 def held_out_texts(bench: bool = True) -> list[str]:

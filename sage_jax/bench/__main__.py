@@ -1,9 +1,11 @@
 """`python -m sage_jax.bench`: our AR and speculative decoders vs transformers on the same weights, one process.
 
-    python -m sage_jax.bench [--prompts N] [--prompt-set chat|copy | --prompts-file FILE] [--max-new-tokens 128]
+    python -m sage_jax.bench [--prompts N] [--prompt-set SET | --prompts-file FILE] [--max-new-tokens 128]
                              [--budget auto|static|N,D] [--methods a,b] [--sweep 7,31,64] [--no-hf] [--no-ablations]
                              [--attention xla|pallas] [--matmul auto|xla|exact] [--out DIR] [--quick]
 
+`--prompt-set`: a split of `sage_jax/prompts.py`, whole or one kind: `test` (frozen: what the README quotes),
+`test-chat` (the default), `test-copy`, `test-code`, and the same of `dev` (where settings are chosen).
 `--prompts-file FILE` measures on your own prompts (one per line, or JSONL with a "prompt" field). Prints a Markdown
 table; writes DIR/bench.json, DIR/table.md and DIR/*.png, the first two with what produced them
 (commit, command line, the draft's sha256, CPU, jax; `configs.provenance`). `--quick`: tiny random target, CI smoke
@@ -24,6 +26,7 @@ import sys
 
 from configs import cli, provenance
 from sage_jax.models.config import MATMULS
+from sage_jax.prompts import SETS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -35,8 +38,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft-lm", help="LM draft for chain-lm and transformers' assisted generation (default: the "
                                        "target truncated to --draft-layers)")
     ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all of the set)")
-    ap.add_argument("--prompt-set", choices=("chat", "copy"), default="chat", help="the held-out chat prompts "
-                    "(32) or the copy-heavy ones (8: repeat, edit, fix, quote; where retrieval branches pay)")
+    ap.add_argument("--prompt-set", choices=SETS, default="test-chat", help="a prompt split, whole or one kind "
+                    "(chat; copy: the answer repeats the prompt, where retrieval chains pay; code): test is frozen "
+                    "and quoted, dev is where settings are chosen")
     ap.add_argument("--prompts-file", metavar="FILE", help="your own prompts instead of a set: one per line, or JSONL "
                     "(.jsonl) with a \"prompt\" field per line")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -97,7 +101,10 @@ def _main(argv: list[str] | None) -> int:
     results = run.run_methods(s.runners, s.methods, s.prompts, progress=not args.no_progress, on_prompt=partial)
     rows = run.summarise(results)
     table = run.markdown(rows)
-    run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta)
+    per_kind = run.by_kind(results, s.kinds) if s.kinds and len(set(s.kinds)) > 1 else None
+    if per_kind:
+        table += "\n\nBy kind of prompt:\n\n" + run.kind_markdown(per_kind)
+    run.write_json(os.path.join(args.out, "bench.json"), rows, results, meta, per_kind)
     run.write_table(os.path.join(args.out, "table.md"), s.title, record, table)
     with open(os.path.join(args.out, "bench.json")) as fh:
         traces = json.load(fh)["traces"]

@@ -1,6 +1,9 @@
-"""The benchmarked decoders: ours (AR and every tree policy, SAGE ablations) and transformers' PyTorch baselines
-(plain greedy `generate`, prompt-lookup decoding, assisted generation with our LM draft exported to HF), all on
-the same weights. Each method maps one tokenized prompt to (tokens, seconds, per-prompt statistics)."""
+"""The benchmarked decoders, all on the same weights: ours (AR and every tree policy, SAGE ablations); transformers'
+PyTorch baselines (plain greedy `generate` with its dynamic cache, with a static cache, and with a static cache under
+`torch.compile`; prompt-lookup decoding; assisted generation with our LM draft exported to HF); and llama.cpp
+(`llama-cpp-python`) on the target's own GGUF file, plain and with its prompt-lookup decoding. Each method maps one
+tokenized prompt to (tokens, seconds, per-prompt statistics). The peers are the `[bench]` extra; a missing one is
+skipped with one line (`peer_missing`)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,11 @@ SAGE_ABLATIONS: dict[str, dict[str, Any]] = {
     "sage-path-mean": dict(alpha_source="accepted_path_mean"),
     "sage-cumulative-theta": dict(threshold_prob="cumulative"),
 }
-HF_METHODS = ("hf-ar", "hf-pld", "hf-assisted")
+HF_METHODS = ("hf-ar", "hf-ar-static", "hf-ar-compiled", "hf-pld", "hf-assisted")
+LLAMA_METHODS = ("llama-cpp", "llama-cpp-pld")
+#: How the `[bench]` extra's llama.cpp is installed: built from source for a portable CPU (a native build dies with
+#: an illegal instruction on virtual CPUs that hide some of their host's instructions).
+LLAMA_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,25 @@ def ours_methods(budget, ablations: bool = True, sweep: tuple[int, ...] = (), da
 
 def hf_methods() -> list[Method]:
     return [Method(n, "hf") for n in HF_METHODS]
+
+
+def llama_methods() -> list[Method]:
+    return [Method(n, "llama") for n in LLAMA_METHODS]
+
+
+def peer_missing(kind: str, target: str | None) -> str | None:
+    """Why a peer cannot run here (one line), or None: its package is not installed, or (llama.cpp) the target is
+    not a GGUF file it can read."""
+    import importlib.util
+
+    if kind == "hf" and importlib.util.find_spec("torch") is None:
+        return "transformers baselines skipped: torch is not installed (pip install -e \".[bench]\")"
+    if kind == "llama":
+        if importlib.util.find_spec("llama_cpp") is None:
+            return f"llama.cpp skipped: llama-cpp-python is not installed ({LLAMA_INSTALL})"
+        if target is None or not str(target).endswith(".gguf"):
+            return "llama.cpp skipped: it reads GGUF files and the target is not one"
+    return None
 
 
 class OursRunner:
@@ -132,6 +158,14 @@ class HFRunner:
             return {"prompt_lookup_num_tokens": 10}
         if name == "hf-assisted":
             return {"assistant_model": self.draft}
+        if name == "hf-ar-static":  # preallocated cache, fixed shapes (what torch.compile needs)
+            return {"cache_implementation": "static", "disable_compile": True}
+        if name == "hf-ar-compiled":  # the same under torch.compile, which transformers only turns on by itself
+            from transformers import CompileConfig  # on accelerators
+
+            config = CompileConfig()
+            config._compile_all_devices = True  # a class attribute, not an argument
+            return {"cache_implementation": "static", "compile_config": config}
         return {}
 
     def warm_up(self, m: Method, prompt: list[int]) -> float:
@@ -152,6 +186,52 @@ class HFRunner:
         return {"tokens": toks, "seconds": secs, "steps": steps, "tau": loop / steps - 1.0,
                 "target_forwards": self.calls["target"], "draft_forwards": self.calls["draft"], "loop_tokens": loop,
                 "nodes": None, "depth": None, "width": None, "alpha_trace": [], "tau_trace": [], "budget": None}
+
+
+class LlamaCppRunner:
+    """llama.cpp through `llama-cpp-python` on the target's GGUF file (its own quantized kernels: the file's Q4_1
+    weights are read as stored, where ours are dequantized), greedy, `threads` threads; `llama-cpp-pld` with its
+    prompt-lookup draft (10 tokens, as `hf-pld`). Each run starts from an empty cache (no prompt reuse between runs,
+    as for ours), and counts the model's evaluations for τ."""
+
+    def __init__(self, gguf: str, eos_ids, max_new_tokens: int, threads: int | None = None, n_ctx: int = 4096):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        kw = dict(model_path=str(gguf), n_threads=threads or os.cpu_count() or 1, n_ctx=n_ctx, verbose=False)
+        self.llms = {"llama-cpp": Llama(**kw),
+                     "llama-cpp-pld": Llama(**kw, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))}
+        self.evals = 0
+        for llm in self.llms.values():
+            llm.eval = self._counted(llm.eval)
+        self.eos, self.n = set(eos_ids), max_new_tokens
+
+    def _counted(self, fn):
+        def wrapped(tokens):
+            self.evals += 1
+            return fn(tokens)
+        return wrapped
+
+    def warm_up(self, m: Method, prompt: list[int]) -> float:
+        t0 = time.perf_counter()
+        self.run(m, prompt)
+        return time.perf_counter() - t0
+
+    def run(self, m: Method, prompt: list[int]) -> dict:
+        llm = self.llms[m.name]
+        llm.reset()  # forget the last run's prompt: no prefix reuse between runs
+        self.evals, toks = 0, []
+        t0 = time.perf_counter()
+        for t in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            toks.append(int(t))
+            if t in self.eos or len(toks) >= self.n:
+                break
+        secs = time.perf_counter() - t0
+        loop = max(len(toks) - 1, 1)
+        steps = max(self.evals - 1, 1)  # minus the prefill
+        return {"tokens": toks, "seconds": secs, "steps": steps, "tau": loop / steps - 1.0,
+                "target_forwards": self.evals, "draft_forwards": 0, "loop_tokens": loop, "nodes": None,
+                "depth": None, "width": None, "alpha_trace": [], "tau_trace": [], "budget": None}
 
 
 def export_hf(cfg, params, tok, n_layers: int | None = None, root: str | None = None) -> str:

@@ -62,6 +62,8 @@ def summarise(results: dict) -> list[dict]:
             "nodes_per_step": mean("nodes"), "depth_per_step": mean("depth"), "width_per_step": mean("width"),
             "compile_seconds": r["compile_seconds"], "peak_rss_mb": r["peak_rss_mb"],
             "same_as_ar": None if ref is None else all(a["tokens"] == b["tokens"] for a, b in zip(runs, ref)),
+            "identical_prompts": None if ref is None else sum(a["tokens"] == b["tokens"] for a, b in zip(runs, ref)),
+            "prompts": len(runs),
             "budgets": sorted({tuple(x["budget"]) for x in runs if x["budget"]}),
         })
     by = {row["method"]: row["tokens_per_second"] for row in rows}
@@ -82,7 +84,37 @@ def markdown(rows: list[dict]) -> str:
                      f"{r['target_forwards_per_token']:.2f} | {r['draft_forwards_per_token']:.2f} | "
                      f"{f(r['nodes_per_step'], '.1f')} | {f(r['depth_per_step'], '.1f')} | "
                      f"{f(r['width_per_step'], '.1f')} | {r['compile_seconds']:.1f} | {r['peak_rss_mb']:.0f} | "
-                     f"{'-' if r['same_as_ar'] is None else ('yes' if r['same_as_ar'] else 'NO')} |")
+                     f"{_same(r)} |")
+    return "\n".join(lines)
+
+
+def _same(row: dict) -> str:
+    if row["same_as_ar"] is None:
+        return "-"
+    return "yes" if row["same_as_ar"] else f"NO ({row['identical_prompts']}/{row['prompts']})"
+
+
+def by_kind(results: dict, kinds: list[str]) -> dict[str, list[dict]]:
+    """`summarise` over the prompts of each kind (`kinds[i]`: prompt i's), for a set that mixes kinds."""
+    out = {}
+    for kind in dict.fromkeys(kinds):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        part = {name: dict(r, runs=[r["runs"][i] for i in idx if i < len(r["runs"])]) for name, r in results.items()}
+        out[kind] = summarise(part)
+    return out
+
+
+def kind_markdown(per_kind: dict[str, list[dict]]) -> str:
+    """One row per method, per kind: speed-up over our AR and τ+1."""
+    kinds = list(per_kind)
+    head = "| method | " + " | ".join(f"{k}: vs our AR | {k}: τ+1" for k in kinds) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(kinds))]
+    for i, row in enumerate(per_kind[kinds[0]]):
+        cells = []
+        for k in kinds:
+            r = per_kind[k][i]
+            cells += ["-" if r["speedup_vs_ar"] is None else f"{r['speedup_vs_ar']:.2f}x", f"{r['tau_plus_1']:.2f}"]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -98,9 +130,9 @@ def write_table(path: str, title: str, record: dict, table: str) -> None:
         fh.write(f"{title}\n\n{provenance_lib.markdown(record)}\n\n{table}\n")
 
 
-def write_json(path: str, rows: list[dict], results: dict, meta: dict) -> None:
+def write_json(path: str, rows: list[dict], results: dict, meta: dict, per_kind: dict | None = None) -> None:
     per_method = {name: {"alpha_traces": [x["alpha_trace"] for x in r["runs"]],
                          "tau_traces": [x["tau_trace"] for x in r["runs"]]} for name, r in results.items()}
     with open(path, "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "traces": per_method, "time": time.strftime("%Y-%m-%d %H:%M:%S")},
-                  fh, indent=1, default=str)
+        json.dump({"meta": meta, "rows": rows, "by_kind": per_kind, "traces": per_method,
+                   "time": time.strftime("%Y-%m-%d %H:%M:%S")}, fh, indent=1, default=str)

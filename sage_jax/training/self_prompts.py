@@ -17,7 +17,7 @@ import time
 from tqdm import tqdm
 
 from sage_jax import chat
-from sage_jax.prompts import COPY_PROMPTS, held_out_texts
+from sage_jax.prompts import SPLITS, split
 from sage_jax.training import answers
 
 KIND = "chat"
@@ -51,8 +51,8 @@ def _content_words(text: str) -> set[str]:
 
 
 def held_out_words() -> list[set[str]]:
-    """The content words of every held-out prompt (the copy set's too)."""
-    return [_content_words(t) for t in (*held_out_texts(True), *(t for _, t in COPY_PROMPTS))]
+    """The content words of every held-out prompt: both splits of `sage_jax/prompts.py` (dev and test)."""
+    return [_content_words(t) for name in SPLITS for _, _, t in split(name)]
 
 
 def near_held_out(text: str, held: list[set[str]], share: float = 0.4) -> bool:
