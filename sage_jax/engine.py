@@ -213,6 +213,10 @@ class Engine:
         self.description = description or (
             f"self ({draft_spec.n_layers} layers)" if draft_spec.kind == "self" else draft_spec.kind)
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
+        # `budget="auto"` compiles the loop at the budget it picks (`TreePolicy.fitted`): a program the size of the
+        # trees it will build, quicker to load and to run, but one more compile whenever the pick changes. For a
+        # command that serves one request (`python -m sage_jax.generate`); servers keep one program per policy.
+        self.fit_budget = False
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
         self._to_measure: dict[tuple, Callable[[], budget_lib.CostProfile]] = {}
         self._timers: dict[tuple, tuple] = {}
@@ -480,7 +484,9 @@ class Engine:
             gen.policy = policy if isinstance(policy, str) else policy.name
             gen.stats.budget = (0, 0)
             return gen
-        gen = self._generate(batch, policy, budget=choice, **kw)
+        named = TreePolicy.named(policy) if isinstance(policy, str) else policy
+        fitted = named.fitted(*choice) if self.fit_budget else named
+        gen = self._generate(batch, fitted, budget=choice, **kw)
         ch.update(gen.stats)
         key = next(k for k, c in self._choosers.items() if c is ch)
         if key in self._to_measure:  # the modelled profile served the first request; this device's times now

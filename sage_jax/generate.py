@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> dict:
                              matmul=args.matmul, mesh=mesh, dtype=args.dtype)
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
+        engine.fit_budget = True  # one request: compile the loop at the budget --budget auto picks, no larger
         if args.datastore and engine.datastore is None:
             raise cli.BadInput(f"--datastore: the draft ({engine.description}) has no datastore.npz "
                                f"(python -m sage_jax.build_datastore --out DRAFT_DIR makes one)")

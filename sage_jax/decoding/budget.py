@@ -246,7 +246,8 @@ class AcceptanceStats:
         n_b, _ = stats.budget
         if n_b == 0:  # the chains alone were verified (`BudgetChooser.chains`): nothing about the draft's ranks
             return
-        self.accepted += np.asarray(stats.accepted_at[: self.n_max + 1], float)
+        accepted = np.asarray(stats.accepted_at[: self.n_max + 1], float)  # shorter from a fitted policy
+        self.accepted[: len(accepted)] += accepted
         self.offered[1: n_b + 1] += stats.row_steps
         for t in stats.tau_trace:
             self.depth_hist[min(int(t), self.d_cap)] += 1

@@ -107,6 +107,17 @@ class TreePolicy:
         if not 1 <= self.w_min <= self.w_max <= self.top_k:
             raise ValueError(f"need 1 <= w_min <= w_max <= top_k, got {self.w_min}, {self.w_max}, {self.top_k}")
 
+    def fitted(self, n: int, d: int) -> TreePolicy:
+        """This policy at static sizes that just hold a budget of `n` nodes and depth `d`: the same trees under that
+        budget from a smaller program (fewer verify widths, a shallower builder). Template policies, and a budget of
+        no draft node (the chains alone), keep their sizes; retrieval chains keep their length."""
+        if self.template or n < 1:
+            return self
+        d_cap = max(d, self.retrieval)
+        d_max = min(self.d_max, d_cap)
+        return dataclasses.replace(self, n_max=n, d_cap=d_cap, d_max=d_max, d_min=min(self.d_min, d_max),
+                                   frontier=min(self.frontier, n))
+
     # ------------------------------------------------------------------ presets
 
     @classmethod

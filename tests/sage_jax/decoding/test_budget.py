@@ -160,3 +160,25 @@ def test_profile_steps_run_in_a_loop_that_feeds_each_step_the_last_ones_tokens()
     tok, cache = run(jnp.int32(1), jnp.zeros((2,)), jnp.int32(3))
     n = budget.LOOP_STEPS
     assert int(tok) == 3 * 2**n + (2**n - 1) and np.all(np.asarray(cache) == n)
+
+
+def test_fitted_policy_and_an_engine_that_compiles_at_the_picked_budget(tiny_lm, cache_dir):
+    """`TreePolicy.fitted`: static sizes that just hold a budget; `Engine.fit_budget` (the one-request CLI) runs
+    `budget="auto"`'s pick at those sizes: the same output, statistics the chooser can add, one compile per pick."""
+    f = TreePolicy.sage().fitted(3, 2)
+    assert (f.n_max, f.d_cap, f.d_max, f.d_min, f.frontier) == (3, 2, 2, 2, 3) and f.name == "sage"
+    assert TreePolicy.sage(retrieval=7).fitted(1, 1).d_cap == 7  # the chain keeps its length
+    static = TreePolicy.static()
+    assert static.fitted(3, 2) is static and TreePolicy.sage(retrieval=7).fitted(0, 5).n_max == 64
+    target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
+    pol = dataclasses.replace(TreePolicy.sage(n_max=16, frontier=4, d_cap=6, d_max=5), history=False)
+    engine = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1))
+    engine.fit_budget = True
+    prompt = [3, 4, 5, 6]
+    ref = engine.generate([prompt], policy="ar", max_new_tokens=24).token_ids
+    compiles = engine.compiles
+    auto = [engine.generate([prompt], policy=pol, max_new_tokens=24, budget="auto") for _ in range(3)]
+    assert all(a.token_ids == ref for a in auto) and auto[0].stats.budget == (16, 6)
+    picks = {a.stats.budget for a in auto if a.stats.budget != (0, 0)}
+    assert engine.compiles - compiles == 2 * len(picks)  # prefill and loop per pick, none per request
+    assert engine.chooser(pol).acceptance.requests == len([a for a in auto if a.stats.budget != (0, 0)])
