@@ -118,16 +118,20 @@ COPY_PROMPTS: tuple[tuple[str, str], ...] = (
 
 def bench_prompts(n: int | None = None) -> list[str]:
     """The first `n` prompt texts (all by default), interleaving kinds so that a prefix covers every kind."""
-    kinds: dict[str, list[str]] = {}
-    for kind, text in BENCH_PROMPTS:
-        kinds.setdefault(kind, []).append(text)
-    order, i = [], 0
-    while len(order) < len(BENCH_PROMPTS):
-        for texts in kinds.values():
-            if i < len(texts):
-                order.append(texts[i])
-        i += 1
+    order = _interleaved(BENCH_PROMPTS)
     return order if n is None else order[:n]
+
+
+def _interleaved(rows) -> list[str]:
+    """The texts (last field) of `rows`, grouped by their other fields, taking one of each group in turn."""
+    groups: dict[tuple, list[str]] = {}
+    for *key, text in rows:
+        groups.setdefault(tuple(key), []).append(text)
+    order, i = [], 0
+    while len(order) < len(rows):
+        order += [texts[i] for texts in groups.values() if i < len(texts)]
+        i += 1
+    return order
 
 
 SPLITS = ("dev", "test")
@@ -161,17 +165,7 @@ def prompt_set(name: str) -> list[str]:
     if name not in SETS:
         raise ValueError(f"unknown prompt set {name!r}; expected one of {', '.join(SETS)}")
     split_name, _, kind = name.partition("-")
-    rows = [r for r in split(split_name) if not kind or r[0] == kind]
-    groups: dict[tuple[str, str], list[str]] = {}
-    for k, cat, text in rows:
-        groups.setdefault((k, cat), []).append(text)
-    order, i = [], 0
-    while len(order) < len(rows):
-        for texts in groups.values():
-            if i < len(texts):
-                order.append(texts[i])
-        i += 1
-    return order
+    return _interleaved([r for r in split(split_name) if not kind or r[0] == kind])
 
 
 def held_out_texts(bench: bool = True) -> list[str]:
