@@ -118,18 +118,18 @@ COPY_PROMPTS: tuple[tuple[str, str], ...] = (
 
 def bench_prompts(n: int | None = None) -> list[str]:
     """The first `n` prompt texts (all by default), interleaving kinds so that a prefix covers every kind."""
-    order = _interleaved(BENCH_PROMPTS)
+    order = [text for _, text in _interleaved(BENCH_PROMPTS)]
     return order if n is None else order[:n]
 
 
-def _interleaved(rows) -> list[str]:
-    """The texts (last field) of `rows`, grouped by their other fields, taking one of each group in turn."""
-    groups: dict[tuple, list[str]] = {}
-    for *key, text in rows:
-        groups.setdefault(tuple(key), []).append(text)
+def _interleaved(rows) -> list[tuple[str, str]]:
+    """(first field, text) of `rows` (text last), grouped by their fields but the text, one of each group in turn."""
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[:-1]), []).append((row[0], row[-1]))
     order, i = [], 0
     while len(order) < len(rows):
-        order += [texts[i] for texts in groups.values() if i < len(texts)]
+        order += [g[i] for g in groups.values() if i < len(g)]
         i += 1
     return order
 
@@ -162,6 +162,11 @@ def split(name: str) -> tuple[tuple[str, str, str], ...]:
 def prompt_set(name: str) -> list[str]:
     """The prompt texts of set `name` (`SETS`: "dev", "test", or "<split>-<kind>", e.g. "test-chat"), kinds and
     categories interleaved so that a prefix covers every category."""
+    return [text for _, text in prompt_rows(name)]
+
+
+def prompt_rows(name: str) -> list[tuple[str, str]]:
+    """(kind, text) of `prompt_set(name)`'s prompts, in its order."""
     if name not in SETS:
         raise ValueError(f"unknown prompt set {name!r}; expected one of {', '.join(SETS)}")
     split_name, _, kind = name.partition("-")

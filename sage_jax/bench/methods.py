@@ -2,8 +2,8 @@
 PyTorch baselines (plain greedy `generate` with its dynamic cache, with a static cache, and with a static cache under
 `torch.compile`; prompt-lookup decoding; assisted generation with our LM draft exported to HF); and llama.cpp
 (`llama-cpp-python`) on the target's own GGUF file, plain and with its prompt-lookup decoding. Each method maps one
-tokenized prompt to (tokens, seconds, per-prompt statistics). The peers are the `[bench]` extra; a missing one is
-skipped with one line (`peer_missing`)."""
+tokenized prompt to (tokens, seconds, per-prompt statistics). The peers are the `[bench]` and `[llama]` extras; a
+missing one is skipped with one line (`peer_missing`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ HF_METHODS = ("hf-ar", "hf-ar-static", "hf-ar-compiled", "hf-pld", "hf-assisted"
 LLAMA_METHODS = ("llama-cpp", "llama-cpp-pld")
 #: How the `[bench]` extra's llama.cpp is installed: built from source for a portable CPU (a native build dies with
 #: an illegal instruction on virtual CPUs that hide some of their host's instructions).
-LLAMA_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python'
+LLAMA_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install -e ".[bench,llama]"'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import tempfile
 
 from configs import cli
 from sage_jax.bench import methods as M
-from sage_jax.prompts import SPLITS, bench_prompts, prompt_set, read_prompts_file, split
+from sage_jax.prompts import bench_prompts, prompt_rows, read_prompts_file
 
 
 @dataclasses.dataclass
@@ -96,11 +96,11 @@ def build(args: argparse.Namespace) -> Suite:
             n_lm = args.draft_layers if draft_lm is None else draft_lm.config.n_layers
             lm_engine = (Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=n_lm), **att)
                          if draft_lm is None else Engine(engine.target, draft_lm, **att))
-        texts = own or prompt_set(args.prompt_set)
+        if own:
+            texts = own
+        else:
+            kinds, texts = map(list, zip(*prompt_rows(args.prompt_set), strict=True))
         prompts = [engine.encode(p) for p in texts]
-        if not own:
-            kind_of = {t: k for name in SPLITS for k, _, t in split(name)}
-            kinds = [kind_of[t] for t in texts]
     methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep,
                                                               datastore=engine.datastore is not None)]
     if not args.no_hf:

@@ -134,15 +134,7 @@ def _compiled(cfg: spec.SpecConfig, draft_spec: DraftSpec):
 
     def step(lm_t, lm_d, s: spec.SpecState, temperature):
         # `spec.spec_step`, keeping the step's tree and verdict (test_tree_view checks the two loops agree).
-        drafter = build_drafter(draft_spec, lm_t, lm_d)
-        active = ~s.done
-        key, sub = jax.random.split(s.key)
-        d = spec.draft(cfg, drafter, s)
-        v = spec.verify(cfg, lm_t, s, d.tree, drafter, temperature, sub)
-        committed = spec.commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
-        kept = committed.n_gen - s.n_gen - active
-        committed = spec.update_policy(cfg, committed, d, v, active)
-        s = spec.record(cfg.policy, committed, d, v, active, kept)
+        s, d, v = spec.traced_step(cfg, lm_t, build_drafter(draft_spec, lm_t, lm_d), s, temperature)
         return s, d.tree, d.alpha_used, v.path, v.tau, v.bonus
 
     return jax.jit(prefill), jax.jit(step)

@@ -517,6 +517,12 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
 
 def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature: Float[Array, " B"],
               store: datastore.Datastore | None = None) -> SpecState:
+    return traced_step(cfg, target, drafter, s, temperature, store)[0]
+
+
+def traced_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, temperature: Float[Array, " B"],
+                store: datastore.Datastore | None = None) -> tuple[SpecState, Draft, Verdict]:
+    """One step, with its draft (tree) and verdict: what `bench/tree_view.py` draws."""
     active = ~s.done
     key, sub = jax.random.split(s.key)
     d = draft(cfg, drafter, s, store)
@@ -524,7 +530,7 @@ def spec_step(cfg: SpecConfig, target: LM, drafter: Drafter, s: SpecState, tempe
     committed = commit(cfg, s.replace(d_cache=d.cache, key=key), d.tree, v, active)
     kept = committed.n_gen - s.n_gen - active  # draft tokens committed (0 on finished rows)
     committed = update_policy(cfg, committed, d, v, active)
-    return record(cfg.policy, committed, d, v, active, kept)
+    return record(cfg.policy, committed, d, v, active, kept), d, v
 
 
 def spec_decode(cfg: SpecConfig, target: LM, drafter: Drafter, state: SpecState, temperature: Float[Array, " B"],
