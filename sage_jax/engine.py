@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from configs import sharding
-from sage_jax import chat
+from sage_jax import chat, executables
 from sage_jax.decoding import autoregressive as ar
 from sage_jax.decoding import budget as budget_lib
 from sage_jax.decoding import cost_model, media_batch, visual_pruning, widths
@@ -217,6 +217,8 @@ class Engine:
         # trees it will build, quicker to load and to run, but one more compile whenever the pick changes. For a
         # command that serves one request (`python -m sage_jax.generate`); servers keep one program per policy.
         self.fit_budget = False
+        # Where compiled loops are kept for later processes (`executables.Store`; None: not kept). Single device only.
+        self.executables: executables.Store | None = None
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
         self._to_measure: dict[tuple, Callable[[], budget_lib.CostProfile]] = {}
         self._timers: dict[tuple, tuple] = {}
@@ -508,12 +510,20 @@ class Engine:
         compile_s = 0.0
         if key not in self._compiled:
             t0 = time.perf_counter()
-            with self._placed():
-                pre = jax.jit(prefill).lower(*models, *args).compile()
-                # The decode loop is compiled for the state as the prefill places it (on a mesh, its own choice).
-                state = jax.tree.map(lambda a, where: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where),
-                                     jax.eval_shape(prefill, *models, *args), pre.output_shardings)
-                dec = jax.jit(decode, donate_argnums=len(models)).lower(*models, state, temps).compile()
+            store = self.executables if self.mesh is None else None
+            stored = executables.key("loops", key, (models, args, temps)) if store is not None else None
+            loaded = store.get(stored) if store is not None else None
+            if loaded is not None:
+                pre, dec = loaded
+            else:
+                with self._placed(), executables.fresh() if store is not None else contextlib.nullcontext():
+                    pre = jax.jit(prefill).lower(*models, *args).compile()
+                    # The decode loop is compiled for the state as the prefill places it (on a mesh, its own choice).
+                    state = jax.tree.map(lambda a, where: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where),
+                                         jax.eval_shape(prefill, *models, *args), pre.output_shardings)
+                    dec = jax.jit(decode, donate_argnums=len(models)).lower(*models, state, temps).compile()
+                if store is not None:
+                    store.put(stored, (pre, dec))
             self._compiled[key] = (pre, dec)
             compile_s = time.perf_counter() - t0
             self.compile_seconds += compile_s

@@ -161,9 +161,10 @@ def _prune_ratio(text: str | None) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> dict:
     """Loads, generates per `args`; the result is the `--json` object."""
+    from sage_jax import executables
     from sage_jax.decoding.sampling import SamplingConfig
     from sage_jax.engine import load_engine
-    from sage_jax.io.loader import is_vision_lm
+    from sage_jax.io.loader import cache_dir, is_vision_lm
 
     if args.prompt is None:
         args.prompt = DEFAULT_IMAGE_PROMPT if (args.images or args.videos) else DEFAULT_PROMPT
@@ -185,6 +186,8 @@ def run(args: argparse.Namespace) -> dict:
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         engine.fit_budget = True  # one request: compile the loop at the budget --budget auto picks, no larger
+        if mesh is None:  # later runs load the compiled loops instead of tracing them
+            engine.executables = executables.Store(os.path.join(cache_dir(), "executables"))
         if args.datastore and engine.datastore is None:
             raise cli.BadInput(f"--datastore: the draft ({engine.description}) has no datastore.npz "
                                f"(python -m sage_jax.build_datastore --out DRAFT_DIR makes one)")

@@ -1,0 +1,119 @@
+"""Compiled decoding loops kept on disk, so that a later process loads them instead of tracing them again.
+
+XLA's persistent compilation cache (`configs.cli.use_compilation_cache`) spares a process the XLA compile, but it
+still traces and lowers each loop to find the cache key: on a CPU about 1.5 s for a SAGE loop against 1 s for plain
+decoding, more than the loop's load. `Store` keeps the executables themselves (`jax.experimental.
+serialize_executable`), keyed by everything that decides them: this project's source, jax and jaxlib, the device,
+the flags that change lowering, the engine's configuration key and the arguments' shapes, dtypes and placements.
+A key that misses compiles as before, with XLA's cache off (`fresh`), and writes its entry (atomically); an entry
+that does not load is compiled again and rewritten. For single-device engines (`Engine.executables`; the generate
+command sets it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import pickle
+import tempfile
+from typing import Any
+
+import jax
+
+#: Bumped when what an entry holds changes.
+FORMAT = 1
+#: The packages whose source decides a compiled loop.
+_PACKAGES = ("sage_jax", "configs", "pallas_kernels", "cpu_kernels")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.cache
+def fingerprint() -> str:
+    """sha256 of what every compiled loop here depends on besides its own arguments: the packages' source files,
+    jax / jaxlib, the backend and its devices, XLA_FLAGS, the jax flags that change lowering, and the CPU's
+    instruction-set flags (an executable built for one CPU may not run on another)."""
+    import jaxlib
+
+    h = hashlib.sha256()
+    for pkg in _PACKAGES:
+        for d, _, files in sorted(os.walk(os.path.join(_ROOT, pkg))):
+            for f in sorted(files):
+                if f.endswith((".py", ".cc")):
+                    path = os.path.join(d, f)
+                    h.update(os.path.relpath(path, _ROOT).encode())
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+    dev = jax.devices()[0]
+    flags = (jax.__version__, jaxlib.__version__, dev.platform, dev.device_kind, jax.device_count(),
+             os.environ.get("XLA_FLAGS", ""), jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision))
+    h.update(repr(flags).encode())
+    try:
+        with open("/proc/cpuinfo") as fh:
+            h.update(next((ln for ln in fh if ln.startswith("flags")), "").encode())
+    except OSError:
+        pass
+    return h.hexdigest()
+
+
+def key(name: str, config: Any, args: Any) -> str:
+    """The entry of `name` compiled for `config` (a repr-able static key) and `args` (a pytree of arrays)."""
+    leaves, tree = jax.tree.flatten(args)
+    avals = [(tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None))) for x in leaves]
+    text = repr((FORMAT, fingerprint(), name, config, str(tree), avals))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def fresh():
+    """Compiles with XLA's persistent cache off: an executable that cache hands back serializes without its object
+    code, and the entry would fail when run. (jax decides once per process whether the cache is used; resetting
+    it makes the flag count, here and again after.)"""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    old = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", old)
+        compilation_cache.reset_cache()
+
+
+class Store:
+    """Executables in `directory`, one file per key."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def _path(self, k: str) -> str:
+        return os.path.join(self.directory, f"{k}.exe")
+
+    def get(self, k: str) -> tuple | None:
+        """The compiled functions stored under `k`, placed on the default device, or None (missing, or written by
+        something this process cannot load). Entries are pickles: the store is the user's own cache folder, trusted
+        as XLA's cache is."""
+        from jax.experimental import serialize_executable as se
+
+        try:
+            with open(self._path(k), "rb") as fh:
+                entries = pickle.load(fh)
+            return tuple(se.deserialize_and_load(*e, execution_devices=jax.devices()[:1]) for e in entries)
+        except Exception:  # noqa: BLE001 - a missing, torn or foreign entry is compiled again
+            return None
+
+    def put(self, k: str, compiled: tuple) -> None:
+        """Writes `compiled` (jax `Compiled` objects) under `k`; a store that cannot be written is skipped."""
+        from jax.experimental import serialize_executable as se
+
+        try:
+            blob = pickle.dumps(tuple(se.serialize(c) for c in compiled))
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            os.replace(tmp, self._path(k))
+        except Exception:  # noqa: BLE001 - keeping executables is an optimisation, never an error
+            return
