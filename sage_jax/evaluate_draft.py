@@ -2,9 +2,10 @@
 
     python -m sage_jax.evaluate_draft [--target SPEC] [--draft SPEC | --draft-layers N]
         [--policies sage,eagle2,static,chain] [--max-new-tokens 128] [--prompts N] [--batch B] [--out results.json]
-        [--write-prior] [--vlm] [--retrieval L] [--datastore [DIR]]
+        [--write-prior] [--vlm] [--retrieval L] [--datastore [DIR]] [--prompt-set SET]
 
-Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax/prompts.py` (`bench/acceptance.py`):
+Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax/prompts.py` (`bench/acceptance.py`;
+by default `EVAL_PROMPTS`, dev prompts, the ones the priors come from; `--prompt-set` takes a split, e.g. test-chat):
 τ+1, its per-prompt spread, identity to AR and decode tokens/s. `--write-prior` stores each policy's acceptance
 statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. `--vlm`: the shipped
 home-trained VLM and its draft (or `--draft`) on held-out Fashion-MNIST test images past the 100 that
@@ -22,7 +23,7 @@ import sys
 
 from configs import cli
 from sage_jax.decoding.policies import POLICIES, TreePolicy
-from sage_jax.prompts import EVAL_PROMPTS
+from sage_jax.prompts import EVAL_PROMPTS, SETS, prompt_set
 
 # `bench --vlm --prompts 100` asks about the first 100 held-out images; `--vlm` measures past them.
 BENCH_IMAGES = 100
@@ -35,7 +36,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--draft-layers", type=int, metavar="N", help="self-draft with the target's first N layers")
     ap.add_argument("--policies", default="sage,eagle2,static,chain")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", type=int, default=len(EVAL_PROMPTS), help="the first N held-out prompts")
+    ap.add_argument("--prompts", type=int, help="the first N prompts (default: all of the set)")
+    ap.add_argument("--prompt-set", choices=SETS, help="a split of sage_jax/prompts.py instead of the 24 dev "
+                    "acceptance prompts (EVAL_PROMPTS)")
     ap.add_argument("--batch", type=int, default=1, help="prompts per request (speed, not acceptance)")
     ap.add_argument("--out", metavar="JSON")
     ap.add_argument("--write-prior", action="store_true",
@@ -63,8 +66,15 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput(f"--retrieval with policy {name}: {e}") from None
     if args.vlm and (args.target is not None or args.draft_layers is not None):
         raise cli.BadInput("--vlm evaluates the shipped VLM; give no --target or --draft-layers with it")
-    if not 1 <= args.prompts <= (BENCH_IMAGES if args.vlm else len(EVAL_PROMPTS)):
-        raise cli.BadInput(f"--prompts must be in [1, {BENCH_IMAGES if args.vlm else len(EVAL_PROMPTS)}]")
+    if args.vlm and args.prompt_set:
+        raise cli.BadInput("--vlm asks about held-out images; give no --prompt-set with it")
+    texts = prompt_set(args.prompt_set) if args.prompt_set else [t for _, t in EVAL_PROMPTS]
+    limit = BENCH_IMAGES if args.vlm else len(texts)
+    args.prompts = limit if args.prompts is None else args.prompts
+    if not 1 <= args.prompts <= limit:
+        raise cli.BadInput(f"--prompts must be in [1, {limit}]")
+    if args.write_prior and args.prompt_set:
+        raise cli.BadInput("--write-prior measures the prior on the dev acceptance prompts; give no --prompt-set")
     if args.max_new_tokens < 1 or args.batch < 1:
         raise cli.BadInput("--max-new-tokens and --batch must be >= 1")
     from sage_jax.bench.acceptance import evaluate, table
@@ -83,7 +93,7 @@ def _main(argv: list[str] | None) -> int:
         raise cli.BadInput("--write-prior stores the plain policies' prior; give it no --retrieval or --datastore")
 
     cli.use_compilation_cache(os.path.join(loader.cache_dir(), "jax"))
-    images, source = None, f"EVAL_PROMPTS[:{args.prompts}]"
+    images, source = None, f"{args.prompt_set or 'EVAL_PROMPTS'}[:{args.prompts}]"
     with cli.reported(OSError, ValueError):
         if args.vlm:
             from sage_jax.bench.vlm import heldout_images, heldout_questions
@@ -96,7 +106,7 @@ def _main(argv: list[str] | None) -> int:
             source = f"held-out Fashion-MNIST test images {BENCH_IMAGES} to {BENCH_IMAGES + args.prompts - 1}"
         else:
             engine = load_engine(args.target, args.draft, args.draft_layers)
-            ids = [engine.encode(text) for _, text in EVAL_PROMPTS[: args.prompts]]
+            ids = [engine.encode(text) for text in texts[: args.prompts]]
             for policy in ("ar", *policies):
                 engine.check_fits(max(map(len, ids)), args.max_new_tokens, policy)
         if args.datastore:

@@ -2,6 +2,7 @@
 `--budget auto`) against `--policy ar`, each answer in a fresh process, on a prompt set's first N prompts.
 
     python benchmarks/sage/one_shot.py [--prompt-set test-chat] [--prompts 8] [--max-new-tokens 128] [--out DIR]
+                                       [--sage-args "--retrieval 7"]
 
 Per prompt and policy: the whole command's wall time (imports, loading, compiling or loading the compiled
 programs from the persistent cache, prefill, decode) and the decode rate the command reports; then the medians of
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -27,9 +29,9 @@ from configs import provenance  # noqa: E402
 from sage_jax.prompts import SETS, prompt_set  # noqa: E402
 
 
-def one(prompt: str, policy: str, max_new: int) -> dict:
+def one(prompt: str, policy: str, max_new: int, extra: list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", "sage_jax.generate", "--prompt", prompt, "--policy", policy,
-           "--max-new-tokens", str(max_new), "--json"]
+           "--max-new-tokens", str(max_new), "--json", *extra]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -48,13 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="benchmarks/sage/results/readme/one_shot")
+    ap.add_argument("--sage-args", default="", help="more flags for the SAGE runs (e.g. \"--retrieval 0\")")
     args = ap.parse_args(argv)
+    extra = {"ar": [], "sage": shlex.split(args.sage_args)}
     texts = prompt_set(args.prompt_set)[: args.prompts]
     for policy in ("ar", "sage"):  # fills the compilation cache, as an earlier run would
-        one(texts[0], policy, args.max_new_tokens)
+        one(texts[0], policy, args.max_new_tokens, extra[policy])
     rows = []
     for i, text in enumerate(texts):
-        pair = {p: one(text, p, args.max_new_tokens) for p in (("ar", "sage") if i % 2 == 0 else ("sage", "ar"))}
+        order = ("ar", "sage") if i % 2 == 0 else ("sage", "ar")
+        pair = {p: one(text, p, args.max_new_tokens, extra[p]) for p in order}
         ar, sage = pair["ar"], pair["sage"]
         rows.append({"prompt": text, "ar": ar, "sage": sage, "identical": ar["tokens"] == sage["tokens"],
                      "decode_ratio": sage["tokens_per_second"] / ar["tokens_per_second"],

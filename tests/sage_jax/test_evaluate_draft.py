@@ -11,6 +11,9 @@ from sage_jax import evaluate_draft
     (["--policies", "eagle2", "--retrieval", "8"], "--retrieval with policy eagle2"),  # its depth cap is 6
     (["--policies", "sage", "--datastore", "--write-prior"], "--write-prior"),
     (["--vlm", "--draft-layers", "2"], "--vlm"),
+    (["--vlm", "--prompt-set", "test-chat"], "--vlm"),
+    (["--prompt-set", "test-chat", "--prompts", "41"], "--prompts must be in [1, 40]"),
+    (["--prompt-set", "test-chat", "--write-prior"], "--write-prior"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, msg, capsys):
     assert evaluate_draft.main(argv) == 2
