@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from configs import cli
+from configs import cli, provenance
 from sage_jax.decoding.policies import POLICIES, TreePolicy
 from sage_jax.prompts import EVAL_PROMPTS, SETS, prompt_set
 
@@ -119,9 +119,11 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput("--datastore: the draft has no datastore.npz; give its directory (--datastore DIR)")
     res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images, policy_kw=policy_kw)
     print(table(res))
-    if args.out:
+    if args.out:  # with what produced it: commit, command, the draft's sha256, CPU
+        record = provenance.record("python -m sage_jax.evaluate_draft", argv, {"draft": draft_path})
         with open(args.out, "w") as f:
-            json.dump({"draft": engine.description, "results": res}, f, indent=1)
+            json.dump({"provenance": record, "prompts": source, "draft": engine.description, "results": res}, f,
+                      indent=1)
     if args.write_prior:
         prior = {"prompts": source, "max_new_tokens": args.max_new_tokens,
                  "batch": args.batch, "policies": {p: res[p]["acceptance"] for p in policies}}
