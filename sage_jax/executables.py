@@ -83,10 +83,11 @@ def fresh():
 
 
 class Store:
-    """Executables in `directory`, one file per key."""
+    """Executables in `directory`, one file per key; past `keep` entries the least recently written go (every
+    change of this project's source makes new keys)."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
+    def __init__(self, directory: str, keep: int = 16):
+        self.directory, self.keep = directory, keep
 
     def _path(self, k: str) -> str:
         return os.path.join(self.directory, f"{k}.exe")
@@ -115,5 +116,9 @@ class Store:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(blob)
             os.replace(tmp, self._path(k))
+            entries = sorted((e for e in os.scandir(self.directory) if e.name.endswith(".exe")),
+                             key=lambda e: e.stat().st_mtime)
+            for e in entries[: max(0, len(entries) - self.keep)]:
+                os.remove(e.path)
         except Exception:  # noqa: BLE001 - keeping executables is an optimisation, never an error
             return

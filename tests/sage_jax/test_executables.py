@@ -49,6 +49,9 @@ def test_stored_loops_load_in_a_new_engine_and_decode_the_same(tiny_lm, tmp_path
     entries[0].write_bytes(b"torn")
     assert engine().generate([prompt], policy=POLICY, max_new_tokens=16).token_ids == ref.token_ids
     assert loaded[-1] is None and entries[0].stat().st_size > 4  # compiled again, rewritten
+    small = executables.Store(str(tmp_path), keep=1)  # the least recently written entries go past `keep`
+    small.put("newest", ())
+    assert [p.name for p in tmp_path.glob("*.exe")] == ["newest.exe"]
 
 
 def test_the_key_follows_the_arguments_and_the_config():
