@@ -6,7 +6,7 @@ scripts under `benchmarks/`. A figure quoted anywhere names such a file, so it c
 weights and the CPU that gave it.
 
     {"commit": "86c144c...-dirty", "command": "python -m sage_jax.bench --out OUT",
-     "draft": ".../smollm2_eagle", "draft_sha256": "3f0c...", "cpu": "AMD EPYC 7B13", "cores": 2,
+     "draft": ".../smollm2_eagle", "draft_sha256": "3f0c...", "cpu": "AMD EPYC 7B13", "cores": 2, "threads": 2,
      "jax": "0.10.2", "jaxlib": "0.10.2", "backend": "cpu", "device_kind": "cpu", "time": "2026-12-06 10:00:00"}
 """
 
@@ -100,8 +100,9 @@ def record(prog: str, argv: Sequence[str] | None = None,
         out[key] = None if path is None else os.path.abspath(os.fspath(path))
         out[f"{key}_sha256"] = checkpoint_sha256(path)
     dev = jax.devices()[0]
-    out.update(cpu=name, cores=cores, jax=jax.__version__, jaxlib=jaxlib.__version__, backend=dev.platform,
-               device_kind=dev.device_kind, device_count=jax.device_count(),
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    out.update(cpu=name, cores=cores, threads=threads, jax=jax.__version__, jaxlib=jaxlib.__version__,
+               backend=dev.platform, device_kind=dev.device_kind, device_count=jax.device_count(),
                time=time.strftime("%Y-%m-%d %H:%M:%S"))
     return out
 

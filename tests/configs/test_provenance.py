@@ -37,7 +37,8 @@ def test_record_names_commit_command_checkpoint_and_machine(tmp_path):
     assert rec["commit"] == "unknown" or len(rec["commit"].removesuffix("-dirty")) == 40
     assert rec["draft"] == str(tmp_path / "ckpt") and rec["draft_sha256"] == hashlib.sha256(b"x").hexdigest()
     assert rec["lm"] is None and rec["lm_sha256"] is None
-    assert rec["cpu"] and rec["cores"] >= 1 and rec["jax"] and rec["jaxlib"] and rec["backend"] == "cpu"
+    assert rec["cpu"] and 1 <= rec["threads"] <= rec["cores"]
+    assert rec["jax"] and rec["jaxlib"] and rec["backend"] == "cpu"
     assert provenance.commit(str(tmp_path)) == "unknown"  # not a git checkout
     md = provenance.markdown(rec)
     assert md.splitlines()[0] == "- command: `python -m tool --out 'a b'`" and f"`{rec['commit']}`" in md
