@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sage_jax.io",),
     ("sage_jax.decoding",),
     ("sage_jax.training",),
-    ("sage_jax.engine",),
+    ("sage_jax.engine", "sage_jax.executables"),
     ("sage_jax.bench",),
     # PGLA: configs and victims, data and federated learning, attacks and denoisers, the experiment.
     ("pgla_jax.config", "pgla_jax.models", "pgla_jax.codec", "pgla_jax.metrics", "pgla_jax.patches"),
