@@ -92,11 +92,14 @@ def make_mesh(axes: dict[str, int]):
 
 def use_compilation_cache(directory: str) -> None:
     """Keeps XLA executables in `directory` so that repeated runs skip compilation (unless the user or
-    ``JAX_COMPILATION_CACHE_DIR`` already chose a folder)."""
+    ``JAX_COMPILATION_CACHE_DIR`` already chose a folder). Every program is kept, not only those that took a second
+    to compile (jax's default): a run's dozen small ones (loading, sampling set-up) cost half a second otherwise."""
     import jax
 
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", directory)
+        if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

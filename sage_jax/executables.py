@@ -8,16 +8,23 @@ the flags that change lowering, the engine's configuration key and the arguments
 A key that misses compiles as before, with XLA's cache off (`fresh`), and writes its entry (atomically); an entry
 that does not load is compiled again and rewritten. For single-device engines (`Engine.executables`; the generate
 command sets it).
+
+Loading an entry takes about as long as tracing would have (0.5 s for a plain loop on a CPU, 0.8 s for SAGE's),
+but it needs no weights: `Store.prefetch` loads, on a thread, the entries that the last command with the same
+settings used, while the process reads its checkpoints (deserialization releases the GIL). A guess that misses costs
+only that thread's work.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
 import os
 import pickle
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -86,16 +93,68 @@ class Store:
     """Executables in `directory`, one file per key; past `keep` entries the least recently written go (every
     change of this project's source makes new keys)."""
 
+    #: How many of the keys a hint names are loaded ahead (a command uses one loop, two with `--compare`).
+    AHEAD = 2
+
     def __init__(self, directory: str, keep: int = 16):
         self.directory, self.keep = directory, keep
+        self._hint: str | None = None
+        self._used: list[str] = []  # the keys this process asked for, in order: what the hint's next run will want
+        self._ahead: dict[str, concurrent.futures.Future] = {}
+        self.prefetched = 0  # entries served from `prefetch`'s thread
 
     def _path(self, k: str) -> str:
         return os.path.join(self.directory, f"{k}.exe")
+
+    def _hint_path(self) -> str:
+        return os.path.join(self.directory, f"{self._hint}.hint")
+
+    def prefetch(self, hint: str, setup: Callable[[], Any] | None = None) -> None:
+        """Starts loading, on one thread, the entries that the last process with the same `hint` (its settings,
+        less what does not change the compiled loops) asked for, and remembers the keys this process asks for
+        under `hint`. `setup` runs on that thread first (what an entry needs registered to load: a custom call's
+        handler). `get` takes a loaded entry from the thread, waiting for it if it is still loading."""
+        self._hint = hashlib.sha256(hint.encode()).hexdigest()
+        try:
+            with open(self._hint_path()) as fh:
+                keys = [k for k in fh.read().split() if os.path.exists(self._path(k))][: self.AHEAD]
+        except OSError:
+            return
+        if not keys:
+            return
+        # The pool's thread is joined at interpreter exit: never torn down in the middle of a deserialization.
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="executables")
+        if setup is not None:
+            pool.submit(setup)
+        self._ahead = {k: pool.submit(self._load, k) for k in keys}
+        pool.shutdown(wait=False)
+
+    def _note(self, k: str) -> None:
+        """Adds `k` to the keys the hint names (written atomically; a store that cannot be written is skipped)."""
+        if self._hint is None or k in self._used:
+            return
+        self._used.append(k)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                fh.write("\n".join(self._used) + "\n")
+            os.replace(tmp, self._hint_path())
+        except OSError:
+            return
 
     def get(self, k: str) -> tuple | None:
         """The compiled functions stored under `k`, placed on the default device, or None (missing, or written by
         something this process cannot load). Entries are pickles: the store is the user's own cache folder, trusted
         as XLA's cache is."""
+        self._note(k)
+        ahead = self._ahead.pop(k, None)
+        if ahead is not None and (loaded := ahead.result()) is not None:
+            self.prefetched += 1
+            return loaded
+        return self._load(k)
+
+    def _load(self, k: str) -> tuple | None:
         from jax.experimental import serialize_executable as se
 
         try:
@@ -116,9 +175,10 @@ class Store:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(blob)
             os.replace(tmp, self._path(k))
-            entries = sorted((e for e in os.scandir(self.directory) if e.name.endswith(".exe")),
-                             key=lambda e: e.stat().st_mtime)
-            for e in entries[: max(0, len(entries) - self.keep)]:
-                os.remove(e.path)
+            for suffix, keep in ((".exe", self.keep), (".hint", 4 * self.keep)):
+                entries = sorted((e for e in os.scandir(self.directory) if e.name.endswith(suffix)),
+                                 key=lambda e: e.stat().st_mtime)
+                for e in entries[: max(0, len(entries) - keep)]:
+                    os.remove(e.path)
         except Exception:  # noqa: BLE001 - keeping executables is an optimisation, never an error
             return

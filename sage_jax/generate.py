@@ -178,6 +178,10 @@ def run(args: argparse.Namespace) -> dict:
         raise cli.BadInput(f"--image / --video need a vision-language target (Qwen2.5-VL or LLaVA-OneVision); "
                            f"{args.target or 'the default target'} is a text LM")
     mesh = cli.make_mesh(args.mesh) if args.mesh else None
+    store = None
+    if mesh is None:  # later runs load the compiled loops instead of tracing them, this one's while it reads weights
+        store = executables.Store(os.path.join(cache_dir(), "executables"))
+        store.prefetch(_settings(args), setup=_kernel_setup(args.matmul))
     with cli.reported(OSError, ValueError):  # a bad file, or a draft that does not fit the target
         engine = load_engine(args.target, args.draft, args.draft_layers,
                              sampling=SamplingConfig(top_k=args.top_k, top_p=args.top_p),
@@ -186,8 +190,7 @@ def run(args: argparse.Namespace) -> dict:
         if engine.tokenizer is None:
             raise cli.BadInput(f"{args.target} has no tokenizer")
         engine.fit_budget = True  # one request: compile the loop at the budget --budget auto picks, no larger
-        if mesh is None:  # later runs load the compiled loops instead of tracing them
-            engine.executables = executables.Store(os.path.join(cache_dir(), "executables"))
+        engine.executables = store
         if args.datastore and engine.datastore is None:
             raise cli.BadInput(f"--datastore: the draft ({engine.description}) has no datastore.npz "
                                f"(python -m sage_jax.build_datastore --out DRAFT_DIR makes one)")
@@ -233,6 +236,27 @@ def run(args: argparse.Namespace) -> dict:
                           "identical": base.token_ids[0] == gen.token_ids[0] == again.token_ids[0],
                           "stats": base_again.stats.to_json(), "policy_stats": again.stats.to_json()}
     return out
+
+
+def _settings(args: argparse.Namespace) -> str:
+    """What decides the compiled loops of a run, less the prompt's words and images (whose lengths may, within a
+    bucket, not): the key of the loops `executables.Store.prefetch` loads ahead."""
+    skip = {"prompt", "images", "videos", "seed", "temperature", "json", "policy_obj"}
+    media = (len(args.images or ()), len(args.videos or ()))
+    return repr((sorted((k, repr(v)) for k, v in vars(args).items() if k not in skip), media))
+
+
+def _kernel_setup(matmul: str):
+    """What a stored loop needs registered before it loads: the skinny CPU kernel where `--matmul auto` uses it."""
+    def setup() -> None:
+        import jax
+
+        from cpu_kernels import skinny_matmul
+
+        if matmul == "auto" and jax.default_backend() == "cpu":
+            skinny_matmul.prepare()
+
+    return setup
 
 
 def _note(message: str) -> None:

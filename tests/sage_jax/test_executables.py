@@ -60,3 +60,26 @@ def test_the_key_follows_the_arguments_and_the_config():
     assert executables.key("loops", ("a", 1), (x,)) != executables.key("loops", ("a", 2), (x,))
     assert executables.key("loops", ("a", 1), (x,)) != executables.key("loops", ("a", 1), (x.astype("int32"),))
     assert executables.key("loops", ("a", 1), (x,)) != executables.key("loops", ("a", 1), (x[:1],))
+
+
+def test_prefetch_loads_what_the_last_run_with_the_same_settings_asked_for(tiny_lm, tmp_path, every_compile_cached):
+    target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
+    prompt, setups = [3, 4, 5, 6], []
+
+    def run(settings: str) -> tuple[list[int], executables.Store]:
+        jax.clear_caches()
+        store = executables.Store(str(tmp_path))
+        store.prefetch(settings, setup=lambda: setups.append(settings))
+        e = Engine(target, draft_spec=DraftSpec(kind="self", n_layers=1))
+        e.executables = store
+        return e.generate([prompt], policy=POLICY, max_new_tokens=16).token_ids, store
+
+    first, store = run("a")
+    assert store.prefetched == 0 and setups == []  # nothing known yet for these settings
+    again, store = run("a")
+    assert again == first and store.prefetched == 1 and setups == ["a"]  # loaded on the thread, then decoded
+    other, store = run("b")  # other settings: nothing loaded ahead, the entry still found
+    assert other == first and store.prefetched == 0 and setups == ["a"]
+    (tmp_path / next(p.name for p in tmp_path.glob("*.exe"))).write_bytes(b"torn")
+    torn, store = run("a")  # a guess that does not load: compiled as before
+    assert torn == first and store.prefetched == 0
