@@ -288,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                       deadline=end - args.reserve)
     summary.update(steps_done=res.step, acceptance=res.evals, train_seconds=round(res.seconds, 1),
                    last_losses={k: res.losses[k] for k in sorted(res.losses)[-5:]})
-    prov = {"recipe": c.to_json(), "target": loader.default_target(), "device_run": {
+    # The recipe as it ran: the flags' learning rate, batch and step count, the schedule cut to what fitted.
+    c = dataclasses.replace(c, eagle=dataclasses.replace(c.eagle, train=tc))
+    prov = {"recipe": c.to_json(), "command": " ".join(["python scripts/device/train_head.py", *sys.argv[1:]]),
+            "target": loader.default_target(), "device_run": {
         k: summary[k] for k in ("device", "jax", "prompts", "answers", "train_rows", "train_answer_tokens")},
         "steps_done": res.step}
     path = lm_checkpoint.save_head(os.path.join(args.workdir, "eagle_head"), hcfg, res.params, target_cfg=tcfg,
