@@ -156,6 +156,27 @@ class GradientDataConfig:
     per_step: int = 16  # batch-1 gradients recorded at each step (of that step's batch)
     lr: float = 1e-3
     seed: int = 0
+    # Fraction of the images varied before their gradient is taken (`gradients.augment`: shifts, edge maps,
+    # thresholds, contrast): what a model trained on them learns then holds beyond the surrogate's own statistics.
+    augment: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RefinerConfig:
+    """The learned part of the prior's denoiser (`denoise/refiner.py`): an MLP in the prior's eigenbasis trained on
+    its own surrogate gradients (the surrogate trajectory, half of the images varied) with fresh noise of every
+    level of the grid below at each step."""
+
+    hidden: int = 512
+    steps: int = 0  # 0: no refiner
+    batch_size: int = 256
+    lr: float = 3e-4
+    weight_decay: float = 1e-2
+    gradients: GradientDataConfig = GradientDataConfig(per_step=128, augment=0.5, seed=1)
+    noises: tuple[NoiseKind, ...] = ("gaussian", "laplace")
+    epsilons: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 4.0, 10.0)  # paper calibration
+    checkpoint_every: int = 500
+    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,3 +211,4 @@ class DenoiserConfig(Schema):
     # row at K = 128 / 256 / 512 / 768: 13.9 / 14.6 / 15.1 / 15.3 dB, the protected gradient's 15.5 ± 0.7);
     # 512 float16 directions fit the 28×28 and the 32×32×3 LeNet's checkpoints under 25 MB.
     prior_rank: int = 512
+    refiner: RefinerConfig = RefinerConfig()

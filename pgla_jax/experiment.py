@@ -28,8 +28,8 @@ _batch_grad = jax.jit(fl.batch_grad, static_argnums=0)
 #: DDIM rather than the paper's ancestral loop: from the same t* it has the higher gradient cosine in every noisy
 #: row and the better DLG image in each: at Laplace ε = 1 DLG from it is 0.6-0.7 dB below the protected gradient,
 #: from the ancestral loop (whose fresh noise DLG follows) ~3 dB below (docs/pgla.md). The U-Net's and the Gaussian
-#: prior's DDIM both, where the checkpoint has them.
-ATTACKED = ("none", "diffusion_ddim", "prior_ddim")
+#: prior's DDIM both, where the checkpoint has them, and the prior's DDIM with its learned correction.
+ATTACKED = ("none", "diffusion_ddim", "prior_ddim", "prior_refined")
 
 
 @dataclasses.dataclass

@@ -1,8 +1,10 @@
 """`python -m pgla_jax.train_denoiser`: build the clean surrogate-gradient data set, then train the gradient diffusion
 model (resumable: rerun the same command to continue). Writes WORKDIR/gradients/, the training state WORKDIR/state/
 (`pgla_jax/denoise/loop.py`), the final checkpoint WORKDIR/denoiser/, the DnCNN baseline WORKDIR/dncnn/ (its state
-in WORKDIR/dncnn_state/) and the Gaussian prior WORKDIR/prior/; then `python -m pgla_jax.attack --denoiser
-WORKDIR/denoiser`.
+in WORKDIR/dncnn_state/), the Gaussian prior WORKDIR/prior/ and, where the config trains one (`refiner.steps`), the
+prior's learned correction WORKDIR/refiner/ (its own gradients in WORKDIR/refiner_gradients/, its state in
+WORKDIR/refiner_state/); then `python -m pgla_jax.attack --denoiser WORKDIR/denoiser`. `--refiner-only` builds the
+data, fits the prior and trains the refiner, no U-Net and no DnCNN.
 
 Data-parallel over every device present (`--mesh data=-1`, the default: each batch is cut over the mesh's `data`
 axis), on one host or on every host of a multi-host job: run the same command on each host, with WORKDIR one
@@ -42,6 +44,8 @@ def parse(argv):
                    help="go on from WORKDIR's saved state to more --steps (a warm restart of the schedule)")
     p.add_argument("--prior-only", action="store_true",
                    help="build the data set and fit the Gaussian prior (WORKDIR/prior) only: no U-Net, no DnCNN")
+    p.add_argument("--refiner-only", action="store_true",
+                   help="the data set, the Gaussian prior and its learned correction (WORKDIR/refiner) only")
     p.add_argument("--mesh", type=cli.mesh_axes, default={"data": -1}, metavar="AXIS=SIZE,...",
                    help="the device mesh (axes data, fsdp, model; -1 = the devices left over), default data=-1: "
                         "data-parallel over every device of every host")
@@ -68,8 +72,14 @@ def build_config(args) -> DenoiserConfig:
         cfg = dataclasses.replace(cfg, steps=args.steps)
     if args.extend and args.steps is None:
         raise cli.BadInput("--extend needs --steps (the new total)")
-    if args.prior_only and cfg.prior_rank < 1:
-        raise cli.BadInput(f"--prior-only needs prior_rank ≥ 1, got {cfg.prior_rank}")
+    if (args.prior_only or args.refiner_only) and cfg.prior_rank < 1:
+        raise cli.BadInput(f"--{'prior' if args.prior_only else 'refiner'}-only needs prior_rank ≥ 1, "
+                           f"got {cfg.prior_rank}")
+    if args.refiner_only and cfg.refiner.steps < 1:
+        raise cli.BadInput(f"--refiner-only needs refiner.steps ≥ 1 (e.g. --set refiner.steps=4000), "
+                           f"got {cfg.refiner.steps}")
+    if args.prior_only and args.refiner_only:
+        raise cli.BadInput("--prior-only and --refiner-only exclude each other")
     if args.max_steps is not None and args.max_steps < 1:
         raise cli.BadInput(f"--max-steps must be ≥ 1, got {args.max_steps}")
     if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
@@ -101,7 +111,7 @@ def _main(argv) -> int:
         with tqdm(total=cfg.gradients.steps, desc="surrogate gradients", file=sys.stderr, disable=quiet) as bar:
             gradients.build(cfg.gradients, data_dir, progress=bar.update)
         out = None
-        if not args.prior_only:
+        if not (args.prior_only or args.refiner_only):
             stop = cfg.steps if args.max_steps is None else min(cfg.steps, args.max_steps)
             start = min(loop.saved_step(args.workdir), stop)  # a resumed run's bar starts where it left off
             with tqdm(total=stop, initial=start, desc="denoiser", file=sys.stderr, disable=quiet) as bar:
@@ -132,10 +142,43 @@ def _main(argv) -> int:
             layers = len(prior.blocks(split_victim(cfg.gradients.victim)[1]))
             with tqdm(total=layers, desc="Gaussian prior (layers)", file=sys.stderr, disable=quiet) as bar:
                 prior.build(cfg, data_dir, prior_dir, progress=bar.update)
+        refiner_dir = os.path.join(args.workdir, "refiner")
+        if cfg.prior_rank and cfg.refiner.steps and not args.prior_only and not os.path.isdir(refiner_dir):
+            _train_refiner(cfg, args.workdir, prior_dir, quiet, sys.argv[1:] if argv is None else argv)
     if not quiet:
-        out = out or os.path.abspath(prior_dir)
-        print(f"{'prior' if args.prior_only else 'denoiser'} checkpoint: {out} ({time.time() - t0:.0f} s)")
+        out = out or os.path.abspath(refiner_dir if args.refiner_only else prior_dir)
+        what = "prior" if args.prior_only else "refiner" if args.refiner_only else "denoiser"
+        print(f"{what} checkpoint: {out} ({time.time() - t0:.0f} s)")
     return 0
+
+
+def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: bool, argv: list[str]) -> str:
+    """The prior's learned correction (`pgla_jax/denoise/refiner.py`), on one device: its gradients, then its
+    steps (resumable)."""
+    from tqdm import tqdm
+
+    from configs import provenance
+    from pgla_jax.denoise import denoisers, gradients, refiner
+
+    data_dir = os.path.join(workdir, refiner.DATA)
+    with tqdm(total=cfg.refiner.gradients.steps, desc="refiner gradients", file=sys.stderr, disable=quiet) as bar:
+        gradients.build(cfg.refiner.gradients, data_dir, progress=bar.update)
+    dens = denoisers.load(prior_dir, denoisers.denoiser_checkpoint.make_codec(cfg))
+    start = min(_refiner_step(workdir), cfg.refiner.steps)
+    with tqdm(total=cfg.refiner.steps, initial=start, desc="refiner", file=sys.stderr, disable=quiet) as bar:
+        def progress(loss):
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4g}")
+        return refiner.train(cfg, dens.prior, dens.prior_gains, data_dir, workdir, progress=progress,
+                             provenance={"prior": os.path.abspath(prior_dir),
+                                         "prior_sha256": provenance.checkpoint_sha256(prior_dir),
+                                         "command": "python -m pgla_jax.train_denoiser " + " ".join(argv)})
+
+
+def _refiner_step(workdir: str) -> int:
+    from pgla_jax.denoise import loop, refiner
+
+    return loop.saved_step(workdir, refiner.STATE)
 
 
 if __name__ == "__main__":

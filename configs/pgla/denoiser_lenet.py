@@ -6,6 +6,10 @@ dropout (one checkpoint is both the unconditional model and its conditional vari
     python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/denoiser_lenet
 
 The shipped weights (pgla_jax/assets/lenet28) are this run extended to 7,000 steps with `--steps 7000 --extend`.
+Its refiner (the prior's learned correction) was trained on the shipped prior, in a work folder holding a copy of it:
+
+    mkdir -p runs/refiner_lenet && cp -r pgla_jax/assets/lenet28/prior runs/refiner_lenet/
+    python -m pgla_jax.train_denoiser --config denoiser_lenet --workdir runs/refiner_lenet --refiner-only
 """
 
 import ml_collections
@@ -26,4 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
         focus_prob=0.9,
         checkpoint_every=250,
         dncnn_steps=3000,
+        # The prior's learned correction (pgla_jax/denoise/refiner.py), on 32,000 gradients of the same trajectory,
+        # half of the images varied.
+        refiner=dict(steps=8000),
     ))

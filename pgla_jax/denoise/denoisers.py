@@ -12,6 +12,7 @@ Names (the `denoiser` column of the attack's JSON):
 * ``prior``, ``prior_ddim``, ``prior_oneshot``: the adaptive ancestral / DDIM / one-shot reverse processes with
   the closed-form ε-model of a Gaussian fitted to the same surrogate gradients (`prior.py`, checkpoints with a
   `…/prior` beside `…/denoiser`); `prior_oneshot` is the linear MMSE estimate under that Gaussian.
+* ``prior_refined``: ``prior_ddim`` plus the learned correction of `refiner.py` (a `…/refiner` beside the prior).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from configs import checkpoint
 from pgla_jax import codec as codec_lib
 from pgla_jax.config import DenoiserConfig
-from pgla_jax.denoise import baselines, ddpm, denoiser_checkpoint, dncnn, prior, sampling
+from pgla_jax.denoise import baselines, ddpm, denoiser_checkpoint, dncnn, prior, refiner, sampling
 from pgla_jax.denoise.unet import UNet
 from pgla_jax.protections import NoisePlan
 
@@ -36,8 +38,10 @@ DIFFUSION = ("diffusion", "diffusion_ddim", "diffusion_oneshot", "diffusion_nona
              "diffusion_released")
 _METHOD = {"diffusion": "ddpm", "diffusion_ddim": "ddim", "diffusion_oneshot": "oneshot",
            "diffusion_nonadaptive": "nonadaptive", "diffusion_conditional": "conditional",
-           "diffusion_released": "released", "prior": "ddpm", "prior_ddim": "ddim", "prior_oneshot": "oneshot"}
+           "diffusion_released": "released", "prior": "ddpm", "prior_ddim": "ddim", "prior_oneshot": "oneshot",
+           "prior_refined": "ddim"}
 PRIOR = ("prior", "prior_ddim", "prior_oneshot")
+REFINED = "prior_refined"
 #: Non-adaptive start step (0-based): the paper's Gaussian ε = 1 start, used whatever the noise.
 NONADAPTIVE_T = 23
 #: Reverse-process model calls at most (respaced ancestral chain beyond): DP-SGD noise maps to t* ≈ 1000.
@@ -67,6 +71,7 @@ class Denoisers:
       schedule: the DDPM schedule.
       unet / dncnn: (graphdef, params) or None.
       prior: the Gaussian prior of the surrogate gradients (`prior.GaussianPrior`) or None.
+      refiner: (graphdef, params) of the prior's learned correction (`refiner.py`) or None.
       path: the U-Net checkpoint path (reported).
     """
 
@@ -78,6 +83,7 @@ class Denoisers:
     path: str | None = None
     max_steps: int = MAX_STEPS
     prior: prior.GaussianPrior | None = None
+    refiner: tuple | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -86,7 +92,23 @@ class Denoisers:
             out += [n for n in DIFFUSION if n != "diffusion_conditional" or self.cfg.unet.cond_channels]
         if self.prior is not None:
             out += PRIOR
+        if self.prior is not None and self.refiner is not None:
+            out.append(REFINED)
         return tuple(out)
+
+    def prior_gains(self, sigma: float) -> np.ndarray:
+        """γ(σ): what the prior's DDIM from σ's t* multiplies each eigen-coefficient of y − μ by (`refiner.py`: the
+        reverse process is a per-direction linear filter), read off one run on an input whose coefficients are
+        all 1. Ones where σ is below the first step (the identity)."""
+        gp = self.prior
+        if sampling.below_first_step(self.schedule, sigma):
+            return np.ones(refiner.variances(gp).shape, np.float32)
+        ones = jnp.ones((1, refiner.variances(gp).shape[0]), jnp.float32)
+        y = self.codec.encode(self.codec.unflatten(gp.mean + refiner.expand(gp, ones)[0]))[None]
+        out = sampling.denoise(_prior_apply_for(self.schedule), gp, y, jnp.float32(sigma),
+                               jnp.int32(ddpm.t_index(self.schedule, sigma)), jax.random.key(0),
+                               schedule=self.schedule, method="ddim", max_steps=self.max_steps)
+        return np.asarray(refiner.coefficients(gp, out.reshape(1, -1))[0])
 
     def start_index(self, name: str, plan: NoisePlan) -> int:
         """0-based start step of a diffusion denoiser for this noise (the JSON's t_star is this + 1)."""
@@ -125,13 +147,17 @@ class Denoisers:
         # image is a sample of q(x_t* | x_0) as in training (the released code noised its padding too).
         pad = 1.0 - self.codec.mask()
         y = y + pad * sigma * jax.random.normal(k_pad, y.shape)
-        if name in PRIOR:
+        if name in PRIOR or name == REFINED:
             apply, params = _prior_apply_for(self.schedule), self.prior
         else:
             apply, params = _apply_for(self.unet[0]), self.unet[1]
         out = sampling.denoise(apply, params, y[None], jnp.float32(sigma),
                                jnp.int32(ti), k_run, schedule=self.schedule, method=_METHOD[name],
                                max_steps=self.max_steps)
+        if name == REFINED:  # the observation's real entries, as sent: what the refiner was trained to read
+            flat_y = self.codec.encode(g_sent).reshape(1, -1)
+            fix = _refine(self.refiner[0], self.refiner[1], self.prior, flat_y, jnp.float32(sigma))
+            out = out.reshape(1, -1).at[:, : self.codec.size].add(fix).reshape(out.shape)
         return self.codec.decode(out[0]), ti + 1
 
 
@@ -145,6 +171,11 @@ def _apply_for(graphdef):
 @functools.lru_cache(maxsize=8)
 def _prior_apply_for(schedule: ddpm.Schedule):
     return functools.partial(_prior_apply, tuple(float(a) for a in schedule.alphas_cumprod))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _refine(graphdef, params, gaussian, flat_y, sigma):
+    return refiner.correction(nnx.merge(graphdef, params), gaussian, flat_y, sigma[None])
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -163,8 +194,10 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     if meta.get("kind") == prior.KIND:  # a prior alone: its rows and the baselines
         cfg = denoiser_checkpoint.config_from_json(meta["config"])
         want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
+        gaussian = _checked_prior(prior.load(path), want, path)
+        fine = os.path.join(os.path.dirname(os.path.abspath(path)), "refiner")
         return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), path=os.path.abspath(path),
-                         prior=_checked_prior(prior.load(path), want, path))
+                         prior=gaussian, refiner=refiner.load(fine, gaussian) if os.path.isdir(fine) else None)
     tree, cfg, _ = denoiser_checkpoint.load(path)
     want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
     model = nnx.eval_shape(lambda: UNet(cfg.unet, rngs=nnx.Rngs(0)))  # shapes only: a random init costs ~30 s
@@ -174,11 +207,13 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     sibling = os.path.join(os.path.dirname(os.path.abspath(path)), "dncnn")
     if os.path.isdir(sibling):
         dn = nnx.split(dncnn.restore(sibling)[0], nnx.Param)
-    gaussian = None
+    gaussian = fine = None
     if os.path.isdir(prior.sibling(path)):
         gaussian = _checked_prior(prior.load(prior.sibling(path)), want, prior.sibling(path))
+        if os.path.isdir(refiner_path := os.path.join(os.path.dirname(prior.sibling(path)), "refiner")):
+            fine = refiner.load(refiner_path, gaussian)
     return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), unet, dn, os.path.abspath(path),
-                     prior=gaussian)
+                     prior=gaussian, refiner=fine)
 
 
 def _fitting(want: codec_lib.GradientCodec, codec: codec_lib.GradientCodec, path: str) -> codec_lib.GradientCodec:

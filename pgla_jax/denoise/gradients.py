@@ -69,11 +69,13 @@ def _build(cfg: GradientDataConfig, out_dir: str, progress) -> str:
         return jax.tree.map(lambda p, g: p - cfg.lr * g, params, mean), flat
 
     rng = np.random.default_rng(cfg.seed)
+    varied = np.random.default_rng((cfg.seed, 1))  # its own stream: `augment` = 0 keeps the same images as before
     writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
     count, size = 0, None
     for _ in range(cfg.steps):
         idx = rng.choice(len(ds.labels), cfg.per_step, replace=False)
-        params, flat = step(params, jnp.asarray(ds.images[idx]), jnp.asarray(ds.labels[idx]))
+        images = augment(ds.images[idx], cfg.augment, varied) if cfg.augment else ds.images[idx]
+        params, flat = step(params, jnp.asarray(images), jnp.asarray(ds.labels[idx]))
         for v in np.asarray(flat, np.float32):
             writer.write(v.tobytes())
             count, size = count + 1, v.size
@@ -83,6 +85,26 @@ def _build(cfg: GradientDataConfig, out_dir: str, progress) -> str:
     with open(meta_path, "w") as f:
         json.dump({"config": want, "count": count, "size": size, "dtype": "float32"}, f)
     return path
+
+
+def augment(images: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """`images` [N, H, W, C] in [0, 1] with about `fraction` of them varied: half become edge maps (the gradient
+    magnitude, normalised: strokes from filled shapes), some are thresholded, each gets a random contrast (gamma
+    0.5-2) and a shift of up to 3 pixels. Filled garments and thin strokes make other gradients: a model fitted to
+    both transfers to images it never saw (MNIST digits from Fashion-MNIST)."""
+    out = np.array(images, np.float32, copy=True)
+    for i in np.flatnonzero(rng.random(len(out)) < fraction):
+        x = out[i]
+        if rng.random() < 0.5:
+            gy, gx = np.gradient(x, axis=(0, 1))
+            e = np.sqrt(gx**2 + gy**2)
+            x = e / max(float(e.max()), 1e-6)
+        if rng.random() < 0.3:
+            x = (x > rng.uniform(0.2, 0.6)).astype(np.float32)
+        x = np.clip(x, 0.0, 1.0) ** rng.uniform(0.5, 2.0)
+        dy, dx = rng.integers(-3, 4, 2)
+        out[i] = np.roll(x, (int(dy), int(dx)), axis=(0, 1))
+    return out
 
 
 def source(out_dir: str) -> tuple[grain.MapDataset, int]:

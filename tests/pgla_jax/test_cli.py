@@ -106,6 +106,8 @@ def test_set_overrides_fields_and_the_flags_win():
     (["--mesh", "batch=2"], "unknown mesh axis"),
     (["--config", "denoiser_tiny", "--mesh", "data=3"], "needs 3 devices"),  # the tests' 8 host devices
     (["--prior-only", "--set", "prior_rank=0"], "--prior-only needs prior_rank"),
+    (["--refiner-only", "--set", "refiner.steps=0"], "--refiner-only needs refiner.steps"),
+    (["--refiner-only", "--prior-only"], "exclude each other"),
 ])
 def test_train_denoiser_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert train_denoiser.main([*argv, "--workdir", str(tmp_path / "work")]) == 2
