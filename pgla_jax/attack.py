@@ -126,11 +126,11 @@ def denoiser_path(spec: str, victim) -> str | None:
 
 
 def checkpoints(ckpt: str | None) -> dict[str, str | None]:
-    """The checkpoints a run reads, for its provenance: the denoiser and, beside a U-Net, its DnCNN and Gaussian
-    prior (`denoisers.load`)."""
+    """The checkpoints a run reads, for its provenance: the denoiser and, beside it, its DnCNN, Gaussian prior and
+    the prior's learned correction (`denoisers.load`)."""
     out: dict[str, str | None] = {"denoiser": ckpt}
     if ckpt is not None:
-        for name in ("dncnn", "prior"):
+        for name in ("dncnn", "prior", "refiner"):
             sibling = os.path.join(os.path.dirname(os.path.abspath(ckpt)), name)
             if os.path.isdir(sibling) and sibling != os.path.abspath(ckpt):
                 out[name] = sibling

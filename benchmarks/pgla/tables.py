@@ -1,10 +1,11 @@
 """The two PGLA tables of docs/pgla.md (and the README's excerpt) from one `python -m pgla_jax.attack` results.json:
 gradient cosine per denoiser (best of each row in bold) and DLG image PSNR as received / ancestral / DDIM / the
-Gaussian prior's DDIM (those that were attacked), with the attack's own jitter where the run measured it
-(``--jitter J``). The tables open with what produced the results (commit, command line, the denoiser checkpoints'
-sha256, CPU, jax), where results.json records it (`configs.provenance`). ``--full`` adds the gradient PSNR of every
-denoiser and, per attacked denoiser, DLG's image PSNR, SSIM and label accuracy against the protected gradient's
-(± its jitter); ``--plot PNG`` draws image PSNR against ε, one line per attacked denoiser and one panel per noise.
+Gaussian prior's DDIM / with its learned correction (those that were attacked), with the attack's own jitter where
+the run measured it (``--jitter J``). The tables open with what produced the results (commit, command line, the
+denoiser checkpoints' sha256, CPU, jax), where results.json records it (`configs.provenance`). ``--full`` adds the
+gradient PSNR of every denoiser and, per attacked denoiser, DLG's image PSNR, SSIM and label accuracy against the
+protected gradient's (± its jitter); ``--plot PNG`` draws image PSNR against ε, one line per attacked denoiser and
+one panel per noise.
 
     .venv/bin/python benchmarks/pgla/tables.py benchmarks/pgla/results/paper_8img.json [--full] [--plot OUT.png]
 """
@@ -20,8 +21,9 @@ COLUMNS = [("none", "none"), ("gaussian_filter", "Gauss. filter"), ("wiener", "W
            ("dncnn", "DnCNN"), ("diffusion", "diffusion (ancestral)"), ("diffusion_ddim", "DDIM"),
            ("diffusion_oneshot", "one-shot x̂₀"), ("diffusion_conditional", "conditional"),
            ("diffusion_released", "released loop"), ("diffusion_nonadaptive", "non-adaptive"),
-           ("prior", "prior (ancestral)"), ("prior_ddim", "prior DDIM"), ("prior_oneshot", "prior one-shot")]
-DLG_ROWS = ("none", "diffusion", "diffusion_ddim", "prior_ddim")
+           ("prior", "prior (ancestral)"), ("prior_ddim", "prior DDIM"), ("prior_oneshot", "prior one-shot"),
+           ("prior_refined", "prior + learned")]
+DLG_ROWS = ("none", "diffusion", "diffusion_ddim", "prior_ddim", "prior_refined")
 PLOT_LABELS = {"none": "protected (none)", "diffusion": "U-Net ancestral", "diffusion_ddim": "U-Net DDIM",
                "prior": "prior ancestral"}
 
