@@ -33,7 +33,7 @@ from flax import nnx
 
 from configs import checkpoint, sharding
 from pgla_jax.codec import GradientCodec
-from pgla_jax.config import DenoiserConfig
+from pgla_jax.config import DenoiserConfig, RefinerConfig
 from pgla_jax.denoise import ddpm, denoiser_checkpoint, gradients
 from pgla_jax.denoise.unet import UNet
 
@@ -165,8 +165,9 @@ def loss_fn(graphdef, params, x0, mask, key, cfg: DenoiserConfig, sched: ddpm.Sc
 
 
 def _diffusion_fields(cfg: DenoiserConfig) -> DenoiserConfig:
-    # The DnCNN baseline's and the Gaussian prior's fields do not touch the diffusion training state.
-    return dataclasses.replace(cfg, dncnn_depth=0, dncnn_width=0, dncnn_steps=0, prior_rank=0)
+    # The DnCNN baseline's, the Gaussian prior's and its refiner's fields do not touch the diffusion training state.
+    return dataclasses.replace(cfg, dncnn_depth=0, dncnn_width=0, dncnn_steps=0, prior_rank=0,
+                               refiner=RefinerConfig())
 
 
 def train(cfg: DenoiserConfig, data_dir: str, workdir: str, *, progress: Callable | None = None,

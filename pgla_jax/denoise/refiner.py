@@ -136,7 +136,9 @@ def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.nd
     graphdef, params = nnx.split(model, nnx.Param)
     opt = optax.adamw(optax.cosine_decay_schedule(rc.lr, rc.steps), weight_decay=rc.weight_decay)
     opt_state = opt.init(params)
-    want = checkpoint.config_to_json(cfg)
+    # What the state depends on: the refiner's own fields and the prior's (the U-Net's and DnCNN's may change).
+    want = checkpoint.config_to_json(dataclasses.replace(
+        DenoiserConfig(), gradients=cfg.gradients, prior_rank=cfg.prior_rank, refiner=rc))
     path = os.path.join(os.path.abspath(workdir), STATE)
     start = 0
     with _manager(path) as mngr:

@@ -13,7 +13,7 @@ from flax import nnx
 from configs import checkpoint, cli
 from pgla_jax import codec, data, fl, metrics, protections
 from pgla_jax.config import DenoiserConfig, ExperimentConfig, GradientDataConfig, ProtectionConfig, RefinerConfig
-from pgla_jax.denoise import denoiser_checkpoint, denoisers, gradients, refiner
+from pgla_jax.denoise import denoiser_checkpoint, denoisers, gradients, loop, refiner
 from tests.pgla_jax.conftest import needs_fashion
 
 
@@ -96,6 +96,10 @@ def test_training_resumes_to_the_same_weights_and_refuses_another_config(tmp_pat
     other = dataclasses.replace(cfg, refiner=dataclasses.replace(rc, lr=1e-3))
     with pytest.raises(ValueError, match="another config"):
         refiner.train(other, shipped.prior, shipped.prior_gains, data_dir, str(tmp_path / "b"))
+    # The U-Net's fields are not the refiner's, nor the refiner's the U-Net's: either state resumes across them.
+    refiner.train(dataclasses.replace(cfg, steps=cfg.steps + 1), shipped.prior, shipped.prior_gains, data_dir,
+                  str(tmp_path / "b"))
+    assert loop._diffusion_fields(cfg) == loop._diffusion_fields(other)
     g, p = refiner.load(whole, shipped.prior)
     assert isinstance(nnx.merge(g, p), refiner.Refiner)
 
