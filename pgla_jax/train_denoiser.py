@@ -158,13 +158,13 @@ def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: boo
     from tqdm import tqdm
 
     from configs import provenance
-    from pgla_jax.denoise import denoisers, gradients, refiner
+    from pgla_jax.denoise import denoisers, gradients, loop, refiner
 
     data_dir = os.path.join(workdir, refiner.DATA)
     with tqdm(total=cfg.refiner.gradients.steps, desc="refiner gradients", file=sys.stderr, disable=quiet) as bar:
         gradients.build(cfg.refiner.gradients, data_dir, progress=bar.update)
     dens = denoisers.load(prior_dir, denoisers.denoiser_checkpoint.make_codec(cfg))
-    start = min(_refiner_step(workdir), cfg.refiner.steps)
+    start = min(loop.saved_step(workdir, refiner.STATE), cfg.refiner.steps)
     with tqdm(total=cfg.refiner.steps, initial=start, desc="refiner", file=sys.stderr, disable=quiet) as bar:
         def progress(loss):
             bar.update(1)
@@ -173,12 +173,6 @@ def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: boo
                              provenance={"prior": os.path.abspath(prior_dir),
                                          "prior_sha256": provenance.checkpoint_sha256(prior_dir),
                                          "command": "python -m pgla_jax.train_denoiser " + " ".join(argv)})
-
-
-def _refiner_step(workdir: str) -> int:
-    from pgla_jax.denoise import loop, refiner
-
-    return loop.saved_step(workdir, refiner.STATE)
 
 
 if __name__ == "__main__":

@@ -129,17 +129,21 @@ class Store:
         self._ahead = {k: pool.submit(self._load, k) for k in keys}
         pool.shutdown(wait=False)
 
+    def _write(self, path: str, data: bytes) -> None:
+        """`data` to `path`, written beside it and renamed: a reader sees the old file or the new one, never half."""
+        os.makedirs(self.directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+
     def _note(self, k: str) -> None:
         """Adds `k` to the keys the hint names (written atomically; a store that cannot be written is skipped)."""
         if self._hint is None or k in self._used:
             return
         self._used.append(k)
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "w") as fh:
-                fh.write("\n".join(self._used) + "\n")
-            os.replace(tmp, self._hint_path())
+            self._write(self._hint_path(), ("\n".join(self._used) + "\n").encode())
         except OSError:
             return
 
@@ -169,12 +173,7 @@ class Store:
         from jax.experimental import serialize_executable as se
 
         try:
-            blob = pickle.dumps(tuple(se.serialize(c) for c in compiled))
-            os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
-            os.replace(tmp, self._path(k))
+            self._write(self._path(k), pickle.dumps(tuple(se.serialize(c) for c in compiled)))
             for suffix, keep in ((".exe", self.keep), (".hint", 4 * self.keep)):
                 entries = sorted((e for e in os.scandir(self.directory) if e.name.endswith(suffix)),
                                  key=lambda e: e.stat().st_mtime)

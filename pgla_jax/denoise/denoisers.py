@@ -101,9 +101,10 @@ class Denoisers:
         reverse process is a per-direction linear filter), read off one run on an input whose coefficients are
         all 1. Ones where σ is below the first step (the identity)."""
         gp = self.prior
+        size = int(refiner.variances(gp).shape[0])
         if sampling.below_first_step(self.schedule, sigma):
-            return np.ones(refiner.variances(gp).shape, np.float32)
-        ones = jnp.ones((1, refiner.variances(gp).shape[0]), jnp.float32)
+            return np.ones((size,), np.float32)
+        ones = jnp.ones((1, size), jnp.float32)
         y = self.codec.encode(self.codec.unflatten(gp.mean + refiner.expand(gp, ones)[0]))[None]
         out = sampling.denoise(_prior_apply_for(self.schedule), gp, y, jnp.float32(sigma),
                                jnp.int32(ddpm.t_index(self.schedule, sigma)), jax.random.key(0),
@@ -195,9 +196,8 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
         cfg = denoiser_checkpoint.config_from_json(meta["config"])
         want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
         gaussian = _checked_prior(prior.load(path), want, path)
-        fine = os.path.join(os.path.dirname(os.path.abspath(path)), "refiner")
         return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), path=os.path.abspath(path),
-                         prior=gaussian, refiner=refiner.load(fine, gaussian) if os.path.isdir(fine) else None)
+                         prior=gaussian, refiner=_refiner_of(path, gaussian))
     tree, cfg, _ = denoiser_checkpoint.load(path)
     want = _fitting(denoiser_checkpoint.make_codec(cfg), codec, path)
     model = nnx.eval_shape(lambda: UNet(cfg.unet, rngs=nnx.Rngs(0)))  # shapes only: a random init costs ~30 s
@@ -210,10 +210,15 @@ def load(path: str | None, codec: codec_lib.GradientCodec) -> Denoisers:
     gaussian = fine = None
     if os.path.isdir(prior.sibling(path)):
         gaussian = _checked_prior(prior.load(prior.sibling(path)), want, prior.sibling(path))
-        if os.path.isdir(refiner_path := os.path.join(os.path.dirname(prior.sibling(path)), "refiner")):
-            fine = refiner.load(refiner_path, gaussian)
+        fine = _refiner_of(prior.sibling(path), gaussian)
     return Denoisers(want, cfg, ddpm.linear_schedule(cfg.diffusion), unet, dn, os.path.abspath(path),
                      prior=gaussian, refiner=fine)
+
+
+def _refiner_of(prior_path: str, gaussian: prior.GaussianPrior) -> tuple | None:
+    """The refiner beside a prior checkpoint, or None where there is none."""
+    path = refiner.sibling(prior_path)
+    return refiner.load(path, gaussian) if os.path.isdir(path) else None
 
 
 def _fitting(want: codec_lib.GradientCodec, codec: codec_lib.GradientCodec, path: str) -> codec_lib.GradientCodec:

@@ -42,7 +42,8 @@ EMA_DECAY = 0.99
 STATE = "state"
 
 
-def _manager(path: str, *, read_only: bool = False) -> ocp.CheckpointManager:
+def manager(path: str, *, read_only: bool = False) -> ocp.CheckpointManager:
+    """The Orbax manager of a training state folder: the two newest steps kept."""
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
         max_to_keep=2, create=not read_only, read_only=read_only))
 
@@ -52,7 +53,7 @@ def saved_step(workdir: str, state: str = STATE) -> int:
     path = os.path.join(os.path.abspath(workdir), state)
     if not os.path.isdir(path):
         return 0
-    with _manager(path, read_only=True) as mngr:
+    with manager(path, read_only=True) as mngr:
         return mngr.latest_step() or 0
 
 
@@ -79,7 +80,7 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
     mesh = sharding.make_mesh(data=-1) if mesh is None else mesh
     if cfg.batch_size % mesh.shape["data"]:
         raise ValueError(f"batch size {cfg.batch_size} is not a multiple of the {mesh.shape['data']} data shards")
-    mngr = _manager(state_dir)
+    mngr = manager(state_dir)
     n = len(src)
     encode = jax.jit(jax.vmap(lambda v: codec.encode(codec.unflatten(v))))
 

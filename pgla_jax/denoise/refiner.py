@@ -38,7 +38,7 @@ from jaxtyping import Array, Float
 from configs import checkpoint
 from pgla_jax import protections
 from pgla_jax.config import DenoiserConfig, ProtectionConfig, RefinerConfig
-from pgla_jax.denoise import ddpm, gradients
+from pgla_jax.denoise import ddpm, gradients, loop
 from pgla_jax.denoise.prior import GaussianPrior
 
 KIND = "pgla-prior-refiner"
@@ -114,10 +114,6 @@ def levels(cfg: RefinerConfig, gains: Callable[[float], np.ndarray], second: np.
             "err": np.asarray(err, np.float32)}
 
 
-def _manager(path: str) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-
-
 def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.ndarray], data_dir: str, workdir: str,
           *, progress: Callable | None = None, provenance: dict | None = None) -> str:
     """Trains the refiner of `gp` on the clean gradients in `data_dir` (`gradients.build` of
@@ -141,7 +137,7 @@ def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.nd
         DenoiserConfig(), gradients=cfg.gradients, prior_rank=cfg.prior_rank, refiner=rc))
     path = os.path.join(os.path.abspath(workdir), STATE)
     start = 0
-    with _manager(path) as mngr:
+    with loop.manager(path) as mngr:
         if mngr.latest_step() is not None:
             start = mngr.latest_step()
             saved = mngr.restore(start, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
@@ -188,6 +184,11 @@ def save(path: str, params: dict, cfg: DenoiserConfig, *, overwrite: bool = Fals
     """Saves refiner parameters (float16: the correction is a small fraction of the gradient) with the config."""
     tree = jax.tree.map(lambda a: np.asarray(a, np.float16), params)
     return checkpoint.save(path, tree, config=cfg, kind=KIND, provenance=provenance, overwrite=overwrite)
+
+
+def sibling(prior_path: str) -> str:
+    """Where a prior checkpoint's refiner lives: `…/refiner` beside `…/prior`."""
+    return os.path.join(os.path.dirname(os.path.abspath(prior_path)), "refiner")
 
 
 def load(path: str, gp: GaussianPrior) -> tuple[nnx.GraphDef, nnx.State]:
