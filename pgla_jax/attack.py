@@ -59,8 +59,10 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--denoisers", type=_names,
                    help="comma-separated denoisers to score (default: all available), e.g. none,wiener,diffusion")
     p.add_argument("--attacked", type=_names,
-                   help="denoisers whose outputs are also attacked (default: none, diffusion_ddim and prior_ddim, "
-                        "those available)")
+                   help="denoisers whose outputs are also attacked (default: none, diffusion_ddim, prior_ddim, "
+                        "prior_refined and attack_aware, those available; attack_aware, the default path, inverts "
+                        "blends of the protected and the best denoised gradient and keeps the reconstruction under "
+                        "which the protected gradient is the most likely)")
     p.add_argument("--epsilons", type=_epsilons, help="comma-separated ε values, e.g. 1,10,50,100")
     p.add_argument("--noise", type=_choices(("gaussian", "laplace")), help="gaussian, laplace or both (comma)")
     p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
@@ -189,14 +191,21 @@ def _main(argv) -> int:
         experiment.validate(cfg, ds)
         dens = den.load(ckpt, make_codec(split_victim(cfg.victim)[1], "image2d", 4))
     names = args.denoisers or dens.names
-    unknown = [n for n in (*names, *(args.attacked or ())) if n not in dens.names]
+    unknown = [n for n in (*names, *(args.attacked or ())) if n not in (*dens.names, experiment.AWARE)]
     if unknown:
         raise cli.BadInput(f"denoiser {unknown[0]!r} is not available; available: {', '.join(dens.names)}")
-    attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED) if n in names]
+    base = experiment.aware_base(names)
+    if args.attacked is not None and experiment.AWARE in args.attacked and base is None:
+        raise cli.BadInput(f"{experiment.AWARE} blends one of {', '.join(experiment.AWARE_BASES)}, and none of them "
+                           "is among the denoisers")
+    attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED)
+                if n in names or (n == experiment.AWARE and base is not None)]
     if args.jitter < 0:
         raise cli.BadInput(f"--jitter must be ≥ 0, got {args.jitter}")
-    per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) + args.jitter
-                                                          + (args.jitter > 0 and "none" not in attacked))
+    # attack_aware runs each blend that no attacked row has already inverted (α = 0: none's, α = 1: its base's).
+    aware = experiment.AWARE in attacked and len(experiment.BLENDS) - ("none" in attacked) - (base in attacked)
+    per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) - (experiment.AWARE in attacked) + aware
+                                                          + args.jitter + (args.jitter > 0 and "none" not in attacked))
     total = (cfg.num_images // cfg.batch_size) * per_image
     with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
         outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,

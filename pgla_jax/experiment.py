@@ -29,7 +29,18 @@ _batch_grad = jax.jit(fl.batch_grad, static_argnums=0)
 #: row and the better DLG image in each: at Laplace ε = 1 DLG from it is 0.6-0.7 dB below the protected gradient,
 #: from the ancestral loop (whose fresh noise DLG follows) ~3 dB below (docs/pgla.md). The U-Net's and the Gaussian
 #: prior's DDIM both, where the checkpoint has them, and the prior's DDIM with its learned correction.
-ATTACKED = ("none", "diffusion_ddim", "prior_ddim", "prior_refined")
+ATTACKED = ("none", "diffusion_ddim", "prior_ddim", "prior_refined", "attack_aware")
+
+#: The default attack path (`attack_aware`): DLG on blends α·ĝ + (1 − α)·g_sent of the best available denoiser's
+#: output ĝ and the protected gradient g_sent, keeping the reconstruction under which g_sent is the most likely
+#: (`noise_misfit`). DLG's squared-L2 objective on a blend is, up to a constant, (1 − α)·‖∇x − g_sent‖² +
+#: α·‖∇x − ĝ‖²: the noise model's likelihood and the denoiser's estimate, weighted. Neither end alone serves every
+#: noise level: the denoiser wins when the noise is large, the protected gradient when it is moderate (the prior
+#: shrinks directions that the surrogate data rarely shows and the attack needs), and a blend between them beats
+#: both at moderate noise (docs/pgla.md).
+AWARE = "attack_aware"
+AWARE_BASES = ("prior_refined", "prior_ddim", "diffusion_ddim")  # the first available is blended
+BLENDS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 @dataclasses.dataclass
@@ -83,6 +94,49 @@ def attack_fn(cfg: ExperimentConfig) -> Callable:
         return lambda g, p, t, k: ig.ig(g, p, t, k, **kw)
     raise ValueError(f"unknown attack {cfg.attack.kind!r}")
 
+def aware_base(names: Sequence[str]) -> str | None:
+    """The denoiser `attack_aware` blends with the protected gradient: the first of `AWARE_BASES` in `names`."""
+    return next((n for n in AWARE_BASES if n in names), None)
+
+
+def noise_misfit(graphdef, params, g_sent, rec: dlg.Recovery, plan: protections.NoisePlan,
+                 protection, num_classes: int) -> float:
+    """What the attacker can compute about a reconstruction (x̂, ŷ) without the clean gradient: the negative
+    log-likelihood per entry (up to a constant) of the protected gradient it observed, given the gradient the
+    reconstruction would have sent, under the known noise. With r = g_sent − T(∇(x̂, ŷ)), T the protection without
+    its noise (clipping, top-k, quantisation as configured): ‖r‖²/(n·σ²) for Gaussian noise, ‖r‖₁/(n·b) for Laplace;
+    ≈ 1 for a reconstruction that explains g_sent up to the noise."""
+    silent = dataclasses.replace(plan, scale=0.0)
+    g_rec = protections.protected_grad(graphdef, params, rec.images, fl.one_hot(rec.labels, num_classes),
+                                       jax.random.key(0), cfg=protection, noise_plan=silent)
+    r = [jnp.ravel(a - b) for a, b in zip(jax.tree.leaves(g_sent), jax.tree.leaves(g_rec), strict=True)]
+    n = sum(x.size for x in r)
+    if plan.noise == "laplace":
+        return float(sum(jnp.abs(x).sum() for x in r)) / (n * plan.scale)
+    return float(sum(jnp.sum(x * x) for x in r)) / (n * plan.scale**2)
+
+
+def attack_aware(graphdef, params, g_sent, g_hat, plan: protections.NoisePlan, protection, attack: Callable, key,
+                 num_classes: int, *, blends: Sequence[float] = BLENDS, known: dict | None = None,
+                 progress: Callable | None = None) -> tuple[dlg.Recovery, float, Any]:
+    """Attack-aware inversion: `attack` on each blend α·g_hat + (1 − α)·g_sent (α in `blends`; 0 is the protected
+    gradient, 1 the denoised one), all from the same start `key`; returns (the recovery with the smallest
+    `noise_misfit`, its α, the gradient it inverted). `known`: α → a recovery already made with `key` (not rerun);
+    `progress(1)` after each attack run."""
+    best = None
+    for a in blends:
+        target = g_sent if a == 0 else g_hat if a == 1 else jax.tree.map(
+            lambda h, s, a=a: a * h + (1.0 - a) * s, g_hat, g_sent)
+        rec = (known or {}).get(a)
+        if rec is None:
+            rec = attack(graphdef, params, target, key)
+            progress and progress(1)
+        m = noise_misfit(graphdef, params, g_sent, rec, plan, protection, num_classes)
+        if best is None or m < best[0]:
+            best = (m, rec, float(a), target)
+    return best[1], best[2], best[3]
+
+
 def _grad_scores(g_hat, g_clean) -> dict[str, float]:
     return {"grad_cosine": float(metrics.grad_cosine(g_hat, g_clean)),
             "grad_psnr": float(metrics.grad_psnr(g_hat, g_clean))}
@@ -120,7 +174,9 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
     `attacked`: the denoisers whose output is also inverted by the attack; `jitter`: that many more attacks of the
     protected gradient (`none`) per image from other random starts, whose spread is the row's `image_psnr_jitter`
     (the std over starts of the images' mean PSNR): the attack's own noise, against which a denoiser's gain or
-    loss is read.
+    loss is read. `AWARE` in `attacked` adds its row (`attack_aware`, blending `aware_base(names)`; `blend` is the
+    mean α it chose) where a denoiser to blend is among `names`; below the first diffusion step (t* = 0) the
+    denoised gradient is the protected one, and the row is `none`'s attack.
     """
     ds = data.load(cfg.data) if ds is None else ds
     validate(cfg, ds)
@@ -131,6 +187,7 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
     names = tuple(denoisers.names if names is None else names)
     settings = tuple(settings or ((cfg.protection.noise, cfg.protection.calibration),))
     attack = attack_fn(cfg)
+    base = aware_base(names) if AWARE in attacked else None
     prots = {s: dataclasses.replace(cfg.protection, noise=s[0], calibration=s[1]) for s in settings}
     plans = {(s, eps): protections.plan(prots[s], eps, cfg.batch_size) for s in settings for eps in cfg.epsilons}
     key = jax.random.key(cfg.attack.seed)
@@ -141,6 +198,7 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
     imgs = {}  # (setting, ε, name) -> list of image batches
     t_stars = {}
     spread = {}  # (setting, ε) -> [start][batch] mean image PSNR of the protected gradient
+    alphas = {}  # (setting, ε) -> the α attack_aware chose, per batch
     for b in range(cfg.num_images // cfg.batch_size):
         sl = slice(b * cfg.batch_size, (b + 1) * cfg.batch_size)
         x, labels = jnp.asarray(x_all[sl]), y_all[sl]
@@ -161,13 +219,16 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
                 plan = plans[(setting, eps)]
                 g_sent = protections.protected_grad(graphdef, params, x, y, k_noise, cfg=prots[setting],
                                                     noise_plan=plan)
+                outputs, recs = {}, {}  # name -> denoised gradient, recovery (attack_aware reuses them)
                 for name in names:
                     g_hat, t_star = denoisers.run(name, g_sent, plan, k_den)
+                    outputs[name] = g_hat
                     k = (setting, eps, name)
                     t_stars[k] = t_star
                     grad.setdefault(k, []).append(_grad_scores(g_hat, g_clean))
                     if name in attacked:
-                        s, im = _score(attack(graphdef, params, g_hat, k_att), x, labels)
+                        recs[name] = attack(graphdef, params, g_hat, k_att)
+                        s, im = _score(recs[name], x, labels)
                         image.setdefault(k, []).append(s)
                         imgs.setdefault(k, []).append(im)
                         progress and progress(1)
@@ -182,18 +243,36 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
                             rec = attack(graphdef, params, g_hat, jax.random.fold_in(k_b, 1000 + j))
                             starts[j].append(_score(rec, x, labels)[0]["image_psnr"])
                             progress and progress(1)
+                if base is not None:
+                    known = {a: recs[n] for a, n in ((0.0, "none"), (1.0, base)) if n in recs}
+                    blends = BLENDS if t_stars[(setting, eps, base)] else (0.0,)
+                    rec, alpha, target = attack_aware(
+                        graphdef, params, g_sent, outputs[base], plan, prots[setting], attack, k_att,
+                        cfg.victim.num_classes, blends=blends, known=known, progress=progress)
+                    if progress:  # the bar counts every blend: those skipped at t* = 0 too
+                        progress(sum(a not in known for a in BLENDS) - sum(a not in known for a in blends))
+                    k = (setting, eps, AWARE)
+                    t_stars[k] = t_stars[(setting, eps, base)]
+                    grad.setdefault(k, []).append(_grad_scores(target, g_clean))
+                    s, im = _score(rec, x, labels)
+                    image.setdefault(k, []).append(s)
+                    imgs.setdefault(k, []).append(im)
+                    alphas.setdefault((setting, eps), []).append(alpha)
 
     rows = []
+    shown = (*names, AWARE) if base is not None else names
     for setting in settings:
         for eps in cfg.epsilons:
-            for name in names:
+            for name in shown:
                 k = (setting, eps, name)
                 img = _mean(image[k]) if k in image else dict.fromkeys(_IMAGE_KEYS)
                 rows.append({"epsilon": float(eps), "noise": setting[0], "calibration": setting[1], "denoiser": name,
                              "t_star": t_stars[k], **_mean(grad[k]), **img,
                              "noise_std": plans[(setting, eps)].std,
                              "image_psnr_jitter": _jitter(spread[(setting, eps)])
-                             if name == "none" and (setting, eps) in spread else None})
+                             if name == "none" and (setting, eps) in spread else None,
+                             **({"base": base, "blend": float(np.mean(alphas[(setting, eps)]))}
+                                if name == AWARE else {})})
     clean = {"epsilon": None, "noise": None, "calibration": None, "denoiser": None, "t_star": None,
              **_mean(clean_scores), "noise_std": 0.0}
     panels, psnr = {}, {}
@@ -201,7 +280,7 @@ def run(cfg: ExperimentConfig, ds: data.ImageSet | None = None, progress: Callab
         panels[setting] = {"original": np.asarray(x_all), "clean": np.concatenate(clean_imgs)}
         psnr[setting] = {"clean": clean["image_psnr"]}
         for eps in cfg.epsilons:
-            for name in names:
+            for name in shown:
                 k = (setting, eps, name)
                 if k in imgs:
                     label = f"{name} ε={eps:g}"
