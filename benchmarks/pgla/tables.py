@@ -1,11 +1,11 @@
 """The two PGLA tables of docs/pgla.md (and the README's excerpt) from one `python -m pgla_jax.attack` results.json:
 gradient cosine per denoiser (best of each row in bold) and DLG image PSNR as received / ancestral / DDIM / the
-Gaussian prior's DDIM / with its learned correction (those that were attacked), with the attack's own jitter where
-the run measured it (``--jitter J``). The tables open with what produced the results (commit, command line, the
-denoiser checkpoints' sha256, CPU, jax), where results.json records it (`configs.provenance`). ``--full`` adds the
-gradient PSNR of every denoiser and, per attacked denoiser, DLG's image PSNR, SSIM and label accuracy against the
-protected gradient's (± its jitter); ``--plot PNG`` draws image PSNR against ε, one line per attacked denoiser and
-one panel per noise.
+Gaussian prior's DDIM / with its learned correction / the attack-aware default path (those that were attacked), with
+the attack's own jitter where the run measured it (``--jitter J``). The tables open with what produced the results
+(commit, command line, the denoiser checkpoints' sha256, CPU, jax), where results.json records it
+(`configs.provenance`). ``--full`` adds the gradient PSNR of every denoiser and, per attacked denoiser, DLG's image
+PSNR, SSIM and label accuracy against the protected gradient's (± its jitter); ``--plot PNG`` draws image PSNR
+against ε, one line per attacked denoiser and one panel per noise.
 
     .venv/bin/python benchmarks/pgla/tables.py benchmarks/pgla/results/paper_8img.json [--full] [--plot OUT.png]
 """
@@ -23,9 +23,9 @@ COLUMNS = [("none", "none"), ("gaussian_filter", "Gauss. filter"), ("wiener", "W
            ("diffusion_released", "released loop"), ("diffusion_nonadaptive", "non-adaptive"),
            ("prior", "prior (ancestral)"), ("prior_ddim", "prior DDIM"), ("prior_oneshot", "prior one-shot"),
            ("prior_refined", "prior + learned")]
-DLG_ROWS = ("none", "diffusion", "diffusion_ddim", "prior_ddim", "prior_refined")
+DLG_ROWS = ("none", "diffusion", "diffusion_ddim", "prior_ddim", "prior_refined", "attack_aware")
 PLOT_LABELS = {"none": "protected (none)", "diffusion": "U-Net ancestral", "diffusion_ddim": "U-Net DDIM",
-               "prior": "prior ancestral"}
+               "prior": "prior ancestral", "attack_aware": "attack-aware (default)"}
 
 
 def cosine_table(rows, field: str = "grad_cosine", digits: int = 5) -> str:
@@ -69,7 +69,8 @@ def attack_table(rows) -> str:
         base, jit = by["none"]["image_psnr"], by["none"].get("image_psnr_jitter")
         for name, r in by.items():
             gain = f"{r['image_psnr'] - base:+.2f}" if name != "none" else "" if jit is None else f"± {jit:.2f}"
-            out.append(f"| {noise} | {eps:g} | {r['t_star'] if r['t_star'] is not None else ''} | {name} | "
+            shown = f"{name} (α {r['blend']:.2f})" if "blend" in r else name
+            out.append(f"| {noise} | {eps:g} | {r['t_star'] if r['t_star'] is not None else ''} | {shown} | "
                        f"{r['image_psnr']:.2f} | {r['image_ssim']:.3f} | {r['label_accuracy']:.2f} | {gain} |")
     return "\n".join(out)
 

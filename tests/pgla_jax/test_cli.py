@@ -48,6 +48,7 @@ def test_cli_json_and_figure(tmp_path, capsys):
     (["--epsilons", "-3"], "epsilon"),
     (["--denoiser", "ckpt/gd"], "not found"),
     (["--denoiser", "none", "--denoisers", "none,diffusion"], "not available"),
+    (["--denoiser", "none", "--attacked", "none,attack_aware"], "attack_aware blends one of"),
     (["--noise", "gaussian,uniform"], "invalid choice"),
     (["--config", "no_such_config"], "unknown config"),
     (["--config", "patches_lenet", "--data", "cifar10", "--data-path", "/nonexistent/cifar"], "not found"),

@@ -2,6 +2,7 @@
 committed ε table it produced (the README's PGLA attack rows)."""
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -78,6 +79,26 @@ def test_aware_base_is_the_best_available_denoiser():
     assert experiment.aware_base(("none", "prior_ddim", "prior_refined", "diffusion_ddim")) == "prior_refined"
     assert experiment.aware_base(("none", "diffusion_ddim")) == "diffusion_ddim"
     assert experiment.aware_base(("none", "wiener")) is None
+
+
+def test_committed_eps_table_the_default_path_never_costs_the_attack():
+    """benchmarks/pgla/results/eps_table (8 MNIST digits, DLG, paper calibration, ε 0.5-10 × Gaussian/Laplace, 4
+    more random starts for the jitter): through `attack_aware` DLG is never worse than from the protected gradient by
+    more than the attack's own jitter, strictly better wherever t* > 0, and at Laplace ε = 1 and 1.5 not below it."""
+    with open(EPS_TABLE) as f:
+        res = json.load(f)
+    assert res["provenance"]["command"].startswith("python -m pgla_jax.attack")
+    rows = {(r["noise"], r["epsilon"], r["denoiser"]): r for r in res["results"]}
+    cells = {(n, e) for n, e, _ in rows}
+    assert cells == {(n, e) for n in ("gaussian", "laplace") for e in (0.5, 1.0, 1.5, 2.0, 4.0, 10.0)}
+    for noise, eps in sorted(cells):
+        none, aware = rows[(noise, eps, "none")], rows[(noise, eps, experiment.AWARE)]
+        gain = aware["image_psnr"] - none["image_psnr"]
+        assert gain >= -none["image_psnr_jitter"], (noise, eps, gain)
+        if aware["t_star"]:
+            assert gain > 0.0, (noise, eps, gain)
+        if noise == "laplace" and eps in (1.0, 1.5):
+            assert gain >= 0.0, (noise, eps, gain)
 
 
 @pytest.mark.integration
