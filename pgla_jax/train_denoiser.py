@@ -80,6 +80,9 @@ def build_config(args) -> DenoiserConfig:
                            f"got {cfg.refiner.steps}")
     if args.prior_only and args.refiner_only:
         raise cli.BadInput("--prior-only and --refiner-only exclude each other")
+    if cfg.refiner.steps and cfg.prior_rank and cfg.refiner.gradients.victim != cfg.gradients.victim:
+        raise cli.BadInput(f"refiner.gradients.victim {cfg.refiner.gradients.victim} is not the prior's victim "
+                           f"gradients.victim {cfg.gradients.victim}; the learned correction works in its eigenbasis")
     if args.max_steps is not None and args.max_steps < 1:
         raise cli.BadInput(f"--max-steps must be ≥ 1, got {args.max_steps}")
     if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):

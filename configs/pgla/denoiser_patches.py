@@ -17,4 +17,6 @@ def get_config() -> ml_collections.ConfigDict:
     c = denoiser_lenet.get_config()
     c.gradients.victim.image_shape = (32, 32, 3)
     c.gradients.data = dict(name="surrogate_patches", split="train")
+    # The prior's learned correction trains on the same victim and data (its own draws: refiner.gradients.seed).
+    c.refiner.gradients = dict(victim=dict(image_shape=(32, 32, 3)), data=dict(name="surrogate_patches", split="train"))
     return c

@@ -109,6 +109,7 @@ def test_set_overrides_fields_and_the_flags_win():
     (["--prior-only", "--set", "prior_rank=0"], "--prior-only needs prior_rank"),
     (["--refiner-only", "--set", "refiner.steps=0"], "--refiner-only needs refiner.steps"),
     (["--refiner-only", "--prior-only"], "exclude each other"),
+    (["--refiner-only", "--set", "refiner.gradients.victim.image_shape=(32,32,3)"], "is not the prior's victim"),
 ])
 def test_train_denoiser_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert train_denoiser.main([*argv, "--workdir", str(tmp_path / "work")]) == 2
@@ -228,6 +229,7 @@ def test_train_denoiser_end_to_end(tmp_path):
     assert denoiser_checkpoint.load(str(work / "dncnn"), "pgla-dncnn")[1].dncnn_steps == 2
     assert "Gaussian prior" in p.stderr
     assert prior.load(str(work / "prior")).rank == DenoiserConfig.from_config(denoiser_tiny.get_config()).prior_rank
+    assert (work / "refiner").is_dir() and "refiner" in p.stderr  # the prior's learned correction, on the same victim
     p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)
     last = p.stderr.splitlines()[-1]
     assert p.returncode == 2 and last.startswith("error: ") and "--extend" in last and "Traceback" not in p.stderr
