@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 
 class BadInput(Exception):
@@ -61,13 +62,27 @@ def reported(*errors: type[BaseException]) -> Iterator[None]:
         raise BadInput(first_line(e)) from None
 
 
-def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> int:
-    """Calls `body(argv)`; a `BadInput` becomes ``error: <one line>`` on stderr and exit code 2."""
+def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None, *,
+        resumable: bool = False) -> int:
+    """Calls `body(argv)`; a `BadInput` becomes ``error: <one line>`` on stderr and exit code 2, Ctrl-C one line
+    ``interrupted`` (``; rerun the same command to resume`` for `resumable` commands, whose work folders keep only
+    finished checkpoints) and exit code 130.
+
+    Interrupted as a command (`body` defined in ``__main__``, argv from the command line), the process ends right
+    there (`os._exit`, after flushing): the interpreter's teardown would otherwise run while XLA may still be
+    compiling on its own threads, which can crash it."""
     try:
         return body(argv) or 0
     except BadInput as e:
         print(f"error: {first_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\ninterrupted" + ("; rerun the same command to resume" if resumable else ""), file=sys.stderr)
+        if argv is None and getattr(body, "__module__", None) == "__main__":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
 
 
 def mesh_axes(text: str) -> dict[str, int]:

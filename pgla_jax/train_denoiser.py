@@ -92,7 +92,7 @@ def build_config(args) -> DenoiserConfig:
 
 def main(argv=None) -> int:
     """Runs the command line (`argv` without the program name; None: sys.argv); returns the exit code."""
-    return cli.run(_main, argv)
+    return cli.run(_main, argv, resumable=True)
 
 
 def _main(argv) -> int:

@@ -95,7 +95,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run(_main, argv)
+    return cli.run(_main, argv, resumable=True)
 
 
 if __name__ == "__main__":

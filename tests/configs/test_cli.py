@@ -139,6 +139,16 @@ def test_run_turns_bad_input_into_one_line_and_exit_2(capsys):
         cli.run(body, ["--n", "2"])
 
 
+def test_run_turns_ctrl_c_into_one_line_and_exit_130(capsys):
+    def body(argv):
+        raise KeyboardInterrupt
+
+    assert cli.run(body, []) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert cli.run(body, [], resumable=True) == 130
+    assert capsys.readouterr().err.strip() == "interrupted; rerun the same command to resume"
+
+
 def test_every_pgla_preset_loads_as_its_kind():
     # Every file in configs/pgla is data (a ConfigDict with a kind) that builds an ExperimentConfig or a
     # DenoiserConfig; denoiser presets fit their victim's gradient (the U-Net's downsampling divides the side).

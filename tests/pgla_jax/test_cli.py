@@ -233,3 +233,21 @@ def test_train_denoiser_end_to_end(tmp_path):
     p = subprocess.run([*argv, "--steps", "6"], capture_output=True, text=True, timeout=300, env=env)
     last = p.stderr.splitlines()[-1]
     assert p.returncode == 2 and last.startswith("error: ") and "--extend" in last and "Traceback" not in p.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("delay", [4.0, 8.0, 12.0])
+def test_ctrl_c_is_one_line_and_exit_130_wherever_it_lands(tmp_path, delay):
+    """Ctrl-C while importing, compiling or attacking: one line, exit 130, never a traceback or a crash (the
+    interpreter's teardown while XLA compiles on its threads segfaulted before `cli.run` ended the process itself)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "pgla_jax.attack", "--images", "2", "--epsilons", "1,2",
+                          "--denoiser", "none", "--out", str(tmp_path / "o")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (p.returncode, err[-2000:])
+    assert err.splitlines()[-1] == "interrupted" and "Traceback" not in err and out == ""
