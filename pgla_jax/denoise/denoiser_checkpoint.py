@@ -20,7 +20,7 @@ KIND = "pgla-denoiser"
 SHIPPED = "lenet28"
 
 
-#: Every shipped denoiser folder: the MNIST LeNet's U-Net (+ DnCNN + prior), the colour LeNet's prior alone.
+#: Every shipped denoiser folder: the MNIST LeNet's U-Net (+ DnCNN + prior), the colour LeNet's prior (+ refiner).
 SHIPPED_ALL = ("lenet28", "patches32")
 
 
