@@ -85,6 +85,55 @@ def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
         return EXIT_INTERRUPTED
 
 
+#: Bounds of the flags every command shares: tokens of one request, and random seeds (jax.random.key takes an int32
+#: without x64).
+MAX_TOKENS = 1 << 20
+SEED_MAX = 2**31 - 1
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse `type`: an integer in [lo, hi] (None: unbounded), else argparse's one-line error naming the flag
+    (``argument --steps: must be ≥ 1, got -5``): every command's integer flags go through it, so a bad number fails
+    before any work."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        _in_range(value, lo, hi)
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its own messages
+    return parse
+
+
+def number(lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
+    """An argparse `type`: a finite float in [lo, hi] (None: unbounded); NaN and ±∞ are never a setting."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        _in_range(value, lo, hi)
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _in_range(value: float, lo: float | None, hi: float | None) -> None:
+    from configs import schema
+
+    try:
+        schema.Range(lo, hi).check(value, "value")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("value ")) from None
+
+
 def mesh_axes(text: str) -> dict[str, int]:
     """The argument type of ``--mesh AXIS=SIZE,...`` (`configs.sharding.parse_mesh`): a bad value is the parser's
     one-line error."""

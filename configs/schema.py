@@ -4,8 +4,9 @@ A recipe under `configs/` is data, as in big_vision: `get_config()` returns an `
 numbers, strings, tuples and nested ConfigDicts, with a `kind` field naming what it describes. The package that
 consumes it owns the schema: a frozen dataclass deriving from `Schema` (its `KIND` is the recipe's `kind`), built by
 `Cls.from_config(config)`. A group may give only some of its fields; the others keep the value of the field's
-default group (or the dataclass's defaults). Unknown keys and values of the wrong type are a one-line `ValueError`
-naming the key; the dataclass's own checks (`__post_init__`) run as usual.
+default group (or the dataclass's defaults). Unknown keys, values of the wrong type, floats that are not finite and
+numbers outside a field's `Range` (``steps: Annotated[int, Range(1)] = 100``) are a one-line `ValueError` naming the
+key; the dataclass's own checks (`__post_init__`) run as usual.
 
     recipe = DraftRecipe.from_config(tiny.get_config())
 
@@ -16,12 +17,34 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Bounds (inclusive; None: unbounded) of a numeric config field, as `Annotated` metadata:
+    ``steps: Annotated[int, Range(1)] = 100``. Also the command line's check for numeric flags (`configs.cli`)."""
+
+    lo: float | None = None
+    hi: float | None = None
+
+    def check(self, value: float, key: str) -> None:
+        """`ValueError` naming `key` unless lo ≤ value ≤ hi."""
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            bounds = (f"between {self.lo:g} and {self.hi:g}" if self.lo is not None and self.hi is not None
+                      else f"≥ {self.lo:g}" if self.lo is not None else f"≤ {self.hi:g}")
+            raise ValueError(f"{key} must be {bounds}, got {value!r}")
+
+
+#: The common ranges: counts that may be zero (a feature off), and counts that may not.
+COUNT = Range(0)
+POSITIVE = Range(1)
 
 
 class Schema:
@@ -69,6 +92,12 @@ def check(value: Any, hint: Any, key: str, *, base: Any = None, text: bool = Fal
     tuple); a group (a mapping) becomes its dataclass over `base`. `text`: also the command line's spellings, a
     comma-separated word list for a tuple and true / false for a bool. `ValueError` naming `key` otherwise."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        value = check(value, args[0], key, base=base, text=text)
+        for meta in args[1:]:
+            if isinstance(meta, Range) and value is not None:
+                meta.check(value, key)
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -110,6 +139,8 @@ def check(value: Any, hint: Any, key: str, *, base: Any = None, text: bool = Fal
     ok = type(value) is hint if hint in (int, float, str, bool) else isinstance(value, hint)
     if not ok:
         raise ValueError(f"{key}: expected {_name(hint)}, got {value!r}")
+    if hint is float and not math.isfinite(value):  # no setting means NaN or ∞; they only poison what follows
+        raise ValueError(f"{key}: expected a finite number, got {value!r}")
     return value
 
 
@@ -130,6 +161,8 @@ def field_type(cls: type, key: str) -> Any:
 
 def group_type(hint: Any) -> type | None:
     """The dataclass of a group's type hint (also of `Group | None`), else None."""
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
     if dataclasses.is_dataclass(hint):
         return hint
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -176,7 +209,7 @@ def _default(f: dataclasses.Field, base: Any) -> Any:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def _name(hint: Any) -> str:

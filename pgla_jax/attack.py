@@ -67,12 +67,12 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--noise", type=_choices(("gaussian", "laplace")), help="gaussian, laplace or both (comma)")
     p.add_argument("--calibration", type=_choices(("paper", "dpsgd")), help="paper, dpsgd or both (comma)")
     p.add_argument("--attack", choices=("dlg", "idlg", "ig"))
-    p.add_argument("--images", type=int, help="number of private images attacked")
-    p.add_argument("--jitter", type=int, default=0, metavar="J",
+    p.add_argument("--images", type=cli.integer(1, 10**6), help="number of private images attacked")
+    p.add_argument("--jitter", type=cli.integer(0, 1000), default=0, metavar="J",
                    help="J more attacks of each protected gradient from other random starts: their spread is the "
                         "image_psnr_jitter column, the attack's own noise (default 0: not measured)")
-    p.add_argument("--batch-size", type=int, help="images per client gradient")
-    p.add_argument("--iterations", type=int, help="attack iterations (L-BFGS or Adam steps)")
+    p.add_argument("--batch-size", type=cli.integer(1, 4096), help="images per client gradient")
+    p.add_argument("--iterations", type=cli.integer(1, 10**7), help="attack iterations (L-BFGS or Adam steps)")
     p.add_argument("--data", metavar="NAME",
                    help="data set: mnist5k, fashion_mnist, digits, skimage_patches, surrogate_patches, cifar10, "
                         "cifar100 (pickles) or "
@@ -200,8 +200,6 @@ def _main(argv) -> int:
                            "is among the denoisers")
     attacked = [n for n in (args.attacked if args.attacked is not None else experiment.ATTACKED)
                 if n in names or (n == experiment.AWARE and base is not None)]
-    if args.jitter < 0:
-        raise cli.BadInput(f"--jitter must be ≥ 0, got {args.jitter}")
     # attack_aware runs each blend that no attacked row has already inverted (α = 0: none's, α = 1: its base's).
     aware = experiment.AWARE in attacked and len(experiment.BLENDS) - ("none" in attacked) - (base in attacked)
     per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) - (experiment.AWARE in attacked) + aware

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Literal
+from typing import Annotated, Literal
 
-from configs.schema import Schema
+from configs.schema import COUNT, POSITIVE, Range, Schema
 
 DatasetName = Literal["mnist5k", "fashion_mnist", "digits", "skimage_patches", "surrogate_patches", "cifar10",
                       "cifar100"]
@@ -45,9 +45,9 @@ class DataConfig:
 class VictimConfig:
     kind: VictimKind = "lenet"
     image_shape: tuple[int, int, int] = (28, 28, 1)  # H, W, C
-    num_classes: int = 10
+    num_classes: Annotated[int, POSITIVE] = 10
     seed: int = 0  # DLG uses one fixed random init; the attack knows the weights (honest-but-curious server)
-    width: int = 12  # channels (conv nets) or hidden units / 8 (MLP); 12 is the DLG LeNet
+    width: Annotated[int, POSITIVE] = 12  # channels (conv nets) or hidden units / 8 (MLP); 12 is the DLG LeNet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,27 +61,30 @@ class ProtectionConfig:
 
     noise: NoiseKind = "gaussian"
     calibration: Calibration = "paper"
-    delta: float = 1e-4  # the released code's `10e-5`
-    clip: float = 10.0  # C
-    lr: float = 1e-3  # victim learning rate (enters the paper's sensitivity only)
-    dataset_size: int = 1  # m in the paper's sensitivity 2·lr·C/m
-    steps: int = 1  # DP-SGD: releases composed by the accountant
-    sampling_rate: float = 1.0  # DP-SGD: Poisson sampling probability per release
-    topk: float | None = None  # keep this fraction of largest-|g| entries (None: no pruning)
-    quant_bits: int | None = None  # uniform per-tensor quantisation (None: off)
+    delta: Annotated[float, Range(0.0, 1.0)] = 1e-4  # the released code's `10e-5`
+    clip: Annotated[float, Range(0.0)] = 10.0  # C
+    lr: Annotated[float, Range(0.0)] = 1e-3  # victim learning rate (enters the paper's sensitivity only)
+    dataset_size: Annotated[int, POSITIVE] = 1  # m in the paper's sensitivity 2·lr·C/m
+    steps: Annotated[int, POSITIVE] = 1  # DP-SGD: releases composed by the accountant
+    sampling_rate: Annotated[float, Range(0.0, 1.0)] = 1.0  # DP-SGD: Poisson sampling probability per release
+    # keep this fraction of largest-|g| entries (None: no pruning)
+    topk: Annotated[float, Range(0.0, 1.0)] | None = None
+    quant_bits: Annotated[int, POSITIVE] | None = None  # uniform per-tensor quantisation (None: off)
 
 
 @dataclasses.dataclass(frozen=True)
 class AttackConfig:
     kind: AttackKind = "dlg"
-    iterations: int | None = None  # L-BFGS iterations (DLG/iDLG: 300) or signed-Adam steps (IG: 2000)
-    restarts: int = 1  # vmapped random initialisations; the best final matching loss wins
-    lr: float | None = None  # DLG/iDLG: None = zoom line search, a float = fixed step; IG: Adam step (0.1)
+    # L-BFGS iterations (DLG/iDLG: 300) or signed-Adam steps (IG: 2000)
+    iterations: Annotated[int, POSITIVE] | None = None
+    restarts: Annotated[int, POSITIVE] = 1  # vmapped random initialisations; the best final matching loss wins
+    # DLG/iDLG: None = zoom line search, a float = fixed step; IG: Adam step (0.1)
+    lr: Annotated[float, Range(0.0)] | None = None
     # L-BFGS history: torch.optim.LBFGS's history_size, which DLG runs with. 10 pairs (optax's default) converge
     # far slower on this ill-conditioned objective: 32×32×3 DLG at 3,000 iterations reaches ~12 dB with 10, ~29 with
     # 100.
-    memory: int = 100
-    tv: float = 1e-4  # IG total-variation weight
+    memory: Annotated[int, POSITIVE] = 100
+    tv: Annotated[float, Range(0.0)] = 1e-4  # IG total-variation weight
     seed: int = 0
 
     def resolved(self) -> AttackConfig:
@@ -101,8 +104,8 @@ class ExperimentConfig(Schema):
     victim: VictimConfig = VictimConfig()
     protection: ProtectionConfig = ProtectionConfig()
     attack: AttackConfig = AttackConfig()
-    batch_size: int = 1  # images per client gradient
-    num_images: int = 4  # images attacked by the CLI (in batches of `batch_size`)
+    batch_size: Annotated[int, POSITIVE] = 1  # images per client gradient
+    num_images: Annotated[int, POSITIVE] = 4  # images attacked by the CLI (in batches of `batch_size`)
     epsilons: tuple[float, ...] = (1.0, 10.0, 50.0, 100.0)
 
     def replace(self, **kw) -> ExperimentConfig:
@@ -122,13 +125,13 @@ class UNetConfig:
     """The paper's lucidrains-style U-Net (dim 120, mults (1, 2, 4), 4 GroupNorm groups); `dims=1` is the 1-D
     variant over a flat gradient vector. Narrower than the paper on CPU (`width`)."""
 
-    width: int = 16  # the paper's `dim` (120)
+    width: Annotated[int, POSITIVE] = 16  # the paper's `dim` (120)
     mults: tuple[int, ...] = (1, 2, 4)  # channel multiplier per level; len(mults) − 1 downsamplings
-    groups: int = 4  # GroupNorm groups (`resnet_block_groups`)
-    heads: int = 4
-    head_dim: int = 8  # the paper: 4 heads × 32
+    groups: Annotated[int, POSITIVE] = 4  # GroupNorm groups (`resnet_block_groups`)
+    heads: Annotated[int, POSITIVE] = 4
+    head_dim: Annotated[int, POSITIVE] = 8  # the paper: 4 heads × 32
     dims: Literal[1, 2] = 2  # 2: gradient image [H, W, 1]; 1: gradient vector [L, 1]
-    cond_channels: int = 0  # conditional variant: the noisy gradient as extra input channel(s)
+    cond_channels: Annotated[int, COUNT] = 0  # conditional variant: the noisy gradient as extra input channel(s)
 
     @property
     def multiple(self) -> int:
@@ -140,9 +143,9 @@ class UNetConfig:
 class DiffusionConfig:
     """DDPM as in the paper: T = 1000, linear β from 1e-4 to 0.02, ε-prediction, Huber loss."""
 
-    timesteps: int = 1000
-    beta_start: float = 1e-4
-    beta_end: float = 0.02
+    timesteps: Annotated[int, POSITIVE] = 1000
+    beta_start: Annotated[float, Range(0.0, 1.0)] = 1e-4
+    beta_end: Annotated[float, Range(0.0, 1.0)] = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +155,13 @@ class GradientDataConfig:
 
     victim: VictimConfig = VictimConfig()  # the surrogate has the victim's architecture and global weights
     data: DataConfig = DataConfig(name="fashion_mnist", split="train")
-    steps: int = 250  # surrogate SGD steps
-    per_step: int = 16  # batch-1 gradients recorded at each step (of that step's batch)
-    lr: float = 1e-3
+    steps: Annotated[int, POSITIVE] = 250  # surrogate SGD steps
+    per_step: Annotated[int, POSITIVE] = 16  # batch-1 gradients recorded at each step (of that step's batch)
+    lr: Annotated[float, Range(0.0)] = 1e-3
     seed: int = 0
     # Fraction of the images varied before their gradient is taken (`gradients.augment`: shifts, edge maps,
     # thresholds, contrast): what a model trained on them learns then holds beyond the surrogate's own statistics.
-    augment: float = 0.0
+    augment: Annotated[float, Range(0.0, 1.0)] = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,15 +170,15 @@ class RefinerConfig:
     its own surrogate gradients (the surrogate trajectory, half of the images varied) with fresh noise of every
     level of the grid below at each step."""
 
-    hidden: int = 512
-    steps: int = 0  # 0: no refiner
-    batch_size: int = 256
-    lr: float = 3e-4
-    weight_decay: float = 1e-2
+    hidden: Annotated[int, POSITIVE] = 512
+    steps: Annotated[int, COUNT] = 0  # 0: no refiner
+    batch_size: Annotated[int, POSITIVE] = 256
+    lr: Annotated[float, Range(0.0)] = 3e-4
+    weight_decay: Annotated[float, Range(0.0)] = 1e-2
     gradients: GradientDataConfig = GradientDataConfig(per_step=128, augment=0.5, seed=1)
     noises: tuple[NoiseKind, ...] = ("gaussian", "laplace")
     epsilons: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 4.0, 10.0)  # paper calibration
-    checkpoint_every: int = 500
+    checkpoint_every: Annotated[int, POSITIVE] = 500
     seed: int = 0
 
 
@@ -189,26 +192,28 @@ class DenoiserConfig(Schema):
     diffusion: DiffusionConfig = DiffusionConfig()
     gradients: GradientDataConfig = GradientDataConfig()
     layout: Layout = "image2d"
-    side: int | None = None  # image2d: the square's side (None: the smallest that fits and divides); 116 for LeNet
-    batch_size: int = 8
-    steps: int = 2000
-    lr: float = 2e-4
+    # image2d: the square's side (None: the smallest that fits and divides); 116 for LeNet
+    side: Annotated[int, POSITIVE] | None = None
+    batch_size: Annotated[int, POSITIVE] = 8
+    steps: Annotated[int, POSITIVE] = 2000
+    lr: Annotated[float, Range(0.0)] = 2e-4
     # t sampling: with probability `focus_prob` t is uniform on [0, focus_t), else uniform on [0, T). A legitimate
     # importance weighting of the ε-loss over t (every t is still trained): the paper's noise maps to t* ≤ 24.
-    focus_t: int = 64
-    focus_prob: float = 0.8
-    cond_dropout: float = 0.5  # conditional models: fraction of examples trained without the condition
-    cond_max_std: float = 0.3  # conditional pairs: noise std log-uniform on [1e-4, this]
-    checkpoint_every: int = 250
+    focus_t: Annotated[int, POSITIVE] = 64
+    focus_prob: Annotated[float, Range(0.0, 1.0)] = 0.8
+    # conditional models: fraction of examples trained without the condition
+    cond_dropout: Annotated[float, Range(0.0, 1.0)] = 0.5
+    cond_max_std: Annotated[float, Range(0.0)] = 0.3  # conditional pairs: noise std log-uniform on [1e-4, this]
+    checkpoint_every: Annotated[int, POSITIVE] = 250
     seed: int = 0
     # The DnCNN baseline, trained by the same command on the same gradients (blind: random noise levels).
-    dncnn_depth: int = 6
-    dncnn_width: int = 16
-    dncnn_steps: int = 300
+    dncnn_depth: Annotated[int, POSITIVE] = 6
+    dncnn_width: Annotated[int, POSITIVE] = 16
+    dncnn_steps: Annotated[int, COUNT] = 300
     # The Gaussian prior fitted by the same command on the same gradients (`denoise/prior.py`): the top-K
     # eigen-directions of each layer's covariance; 0 fits none. Its closed-form ε-model gives the `prior*` rows.
     # More directions keep more of a gradient the surrogate rarely shows (Laplace ε = 1, DLG's PSNR from the DDIM
     # row at K = 128 / 256 / 512 / 768: 13.9 / 14.6 / 15.1 / 15.3 dB, the protected gradient's 15.5 ± 0.7);
     # 512 float16 directions fit the 28×28 and the 32×32×3 LeNet's checkpoints under 25 MB.
-    prior_rank: int = 512
+    prior_rank: Annotated[int, COUNT] = 512
     refiner: RefinerConfig = RefinerConfig()

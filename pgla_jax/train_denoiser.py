@@ -38,8 +38,10 @@ def parse(argv):
                    help="the surrogate's images (default: the config's, Fashion-MNIST): a data set name of "
                         "`pgla_jax.attack --data`, e.g. tfds:pgla_fashion_mnist")
     p.add_argument("--data-path", help="folder of those images (CIFAR pickles, the tfds data_dir)")
-    p.add_argument("--steps", type=int, help="override the number of training steps (a new schedule: new workdir)")
-    p.add_argument("--max-steps", type=int, help="stop after this many steps of the configured schedule")
+    p.add_argument("--steps", type=cli.integer(1, 10**9),
+                   help="override the number of training steps (a new schedule: new workdir)")
+    p.add_argument("--max-steps", type=cli.integer(1, 10**9),
+                   help="stop after this many steps of the configured schedule")
     p.add_argument("--extend", action="store_true",
                    help="go on from WORKDIR's saved state to more --steps (a warm restart of the schedule)")
     p.add_argument("--prior-only", action="store_true",
@@ -67,8 +69,6 @@ def build_config(args) -> DenoiserConfig:
             src = dataclasses.replace(src, path=args.data_path)
         cfg = dataclasses.replace(cfg, gradients=dataclasses.replace(cfg.gradients, data=src))
     if args.steps is not None:
-        if args.steps < 1:
-            raise cli.BadInput(f"--steps must be ≥ 1, got {args.steps}")
         cfg = dataclasses.replace(cfg, steps=args.steps)
     if args.extend and args.steps is None:
         raise cli.BadInput("--extend needs --steps (the new total)")
@@ -83,8 +83,6 @@ def build_config(args) -> DenoiserConfig:
     if cfg.refiner.steps and cfg.prior_rank and cfg.refiner.gradients.victim != cfg.gradients.victim:
         raise cli.BadInput(f"refiner.gradients.victim {cfg.refiner.gradients.victim} is not the prior's victim "
                            f"gradients.victim {cfg.gradients.victim}; the learned correction works in its eigenbasis")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise cli.BadInput(f"--max-steps must be ≥ 1, got {args.max_steps}")
     if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
         raise cli.BadInput(f"--workdir {args.workdir} exists and is not a folder")
     return cfg

@@ -29,19 +29,19 @@ from sage_jax.training.self_prompts import sample as self_prompts
 
 def _main(argv: list[str] | None) -> int:
     ap = cli.Parser(prog="python -m sage_jax.build_datastore", description=__doc__.splitlines()[0].split(": ", 1)[1])
-    ap.add_argument("--answers", type=int, default=4096, help="training prompts the target answers")
+    ap.add_argument("--answers", type=cli.integer(1, 10**7), default=4096, help="training prompts the target answers")
     ap.add_argument("--workdir", default="runs/datastore", help="answers.jsonl is kept here (resumable)")
     ap.add_argument("--out", metavar="DIR", help="where datastore.npz goes (default: WORKDIR)")
-    ap.add_argument("--batch", type=int, default=32, help="prompts per compiled batch")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--length", type=int, default=8, help="continuation depth the most frequent branch is taken to")
+    ap.add_argument("--batch", type=cli.integer(1, 4096), default=32, help="prompts per compiled batch")
+    ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=96)
+    ap.add_argument("--length", type=cli.integer(1, 1024), default=8,
+                    help="continuation depth the most frequent branch is taken to")
     ap.add_argument("--prompts", choices=("wordnet", "self"), default="wordnet",
                     help="training-split WordNet prompts, or user messages the target samples itself")
-    ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature of --prompts self")
+    ap.add_argument("--temperature", type=cli.number(0.0, 2.0), default=0.8,
+                    help="sampling temperature of --prompts self")
     args = ap.parse_args(argv)
-    if args.answers < 1 or args.batch < 1 or args.max_new_tokens < 1 or args.length < 1:
-        raise cli.BadInput("--answers, --batch, --max-new-tokens and --length must be >= 1")
-    if not 0 < args.temperature <= 2:
+    if args.temperature == 0.0:  # the flag's type checks [0, 2]
         raise cli.BadInput(f"--temperature must be in (0, 2], got {args.temperature}")
     out = args.out or args.workdir
     for d in (args.workdir, out):

@@ -33,18 +33,19 @@ def _main(argv: list[str] | None) -> int:
     ap = cli.Parser(prog="python -m sage_jax.evaluate_draft", description=__doc__.splitlines()[0].split(": ", 1)[1])
     ap.add_argument("--target", metavar="SPEC", help="target LM (default: the shipped SmolLM2-135M-Instruct)")
     ap.add_argument("--draft", metavar="SPEC", help="EAGLE head or LM draft (default: the shipped head)")
-    ap.add_argument("--draft-layers", type=int, metavar="N", help="self-draft with the target's first N layers")
+    ap.add_argument("--draft-layers", type=cli.integer(1, 1000), metavar="N",
+                    help="self-draft with the target's first N layers")
     ap.add_argument("--policies", default="sage,eagle2,static,chain")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", type=int, help="the first N prompts (default: all of the set)")
+    ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=128)
+    ap.add_argument("--prompts", type=cli.integer(1, 10**6), help="the first N prompts (default: all of the set)")
     ap.add_argument("--prompt-set", choices=SETS, help="a split of sage_jax/prompts.py instead of the 24 dev "
                     "acceptance prompts (EVAL_PROMPTS)")
-    ap.add_argument("--batch", type=int, default=1, help="prompts per request (speed, not acceptance)")
+    ap.add_argument("--batch", type=cli.integer(1, 4096), default=1, help="prompts per request (speed, not acceptance)")
     ap.add_argument("--out", metavar="JSON")
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
     ap.add_argument("--vlm", action="store_true", help="the shipped VLM on held-out images (the prompts: images)")
-    ap.add_argument("--retrieval", type=int, default=0, metavar="L",
+    ap.add_argument("--retrieval", type=cli.integer(0, 1024), default=0, metavar="L",
                     help="merge an L-token prompt-lookup chain into every tree (default 0: none; with --datastore "
                          "8, or the smallest depth cap of the policies)")
     ap.add_argument("--datastore", nargs="?", const="", default=None, metavar="DIR",

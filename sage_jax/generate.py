@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--target", metavar="SPEC", help="GGUF file, HF dir or sage-jax checkpoint (default: SmolLM2-135M-Instruct)")
     arg("--draft", metavar="SPEC", help="a draft LM with the target's vocabulary, or an EAGLE-style head checkpoint "
         "(default: the shipped head for the default target, else a self-draft)")
-    arg("--draft-layers", type=int, metavar="N", help="self-draft: run the target's first N layers as the draft")
+    arg("--draft-layers", type=cli.integer(1, 1000), metavar="N",
+        help="self-draft: run the target's first N layers as the draft")
     arg("--prompt", metavar="TEXT", help="user message, chat-templated when possible (default: a question about "
         "speculative decoding, or with --image / --video 'What is in this image?')")
     arg("--image", metavar="PATH", action="append", default=[], help="an image for a vision-language target "
@@ -73,18 +74,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--prune", choices=("attention", "uniform"), default="attention", help="which visual tokens the draft keeps: "
         "those the target's prefill attends to most, or evenly spaced ones")
     arg("--policy", choices=("ar", *POLICIES), default="sage")
-    arg("--retrieval", type=int, metavar="L", default=0, help="merge an L-token prompt-lookup chain into every "
+    arg("--retrieval", type=cli.integer(0, 1024), metavar="L", default=0,
+        help="merge an L-token prompt-lookup chain into every "
         "tree (copy-heavy prompts: rewrite, fix this code; 0 = off, at most the policy's depth cap)")
     arg("--datastore", action="store_true", help="also merge a chain from the draft's datastore of the target's own "
         "answers (`build_datastore`; the shipped head has one); --retrieval L sets its length too (default 8)")
     arg("--budget", default="auto", metavar="B", help="tree size: auto (measured on this device; where no tree pays, "
         "plain decoding, or with --retrieval the chain verified alone while it keeps being right), static (the "
         "policy's full tree) or NODES,DEPTH")
-    arg("--max-new-tokens", type=int, metavar="N", default=128)
-    arg("--temperature", type=float, metavar="T", default=0.0, help="0 = greedy")
-    arg("--top-k", type=int, metavar="K", default=0, help="0 = all tokens")
-    arg("--top-p", type=float, metavar="P", default=1.0)
-    arg("--seed", type=int, metavar="S", default=0)
+    arg("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), metavar="N", default=128)
+    arg("--temperature", type=cli.number(0.0), metavar="T", default=0.0, help="0 = greedy")
+    arg("--top-k", type=cli.integer(0, cli.SEED_MAX), metavar="K", default=0, help="0 = all tokens")
+    arg("--top-p", type=cli.number(0.0, 1.0), metavar="P", default=1.0)
+    arg("--seed", type=cli.integer(0, cli.SEED_MAX), metavar="S", default=0)
     arg("--attention", choices=("xla", "pallas"), default="xla", help="attention of the decoding loop's forwards: "
         "XLA einsums over a dense mask, or the Pallas tree-attention kernel (head dims 64 / 128; interpreted on CPU)")
     arg("--matmul", choices=MATMULS, default="auto", help="the models' matmuls: auto (on CPU, the few rows "
@@ -106,13 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Everything checkable before loading a model."""
-    if args.max_new_tokens < 1:
-        raise cli.BadInput(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.temperature >= 0.0 or args.temperature == float("inf"):
-        raise cli.BadInput(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.top_k < 0:
-        raise cli.BadInput(f"--top-k must be >= 0, got {args.top_k}")
-    if not 0.0 < args.top_p <= 1.0:
+    # Numbers are range-checked by their flags' types (`cli.integer`, `cli.number`); top-p excludes 0 besides.
+    if args.top_p == 0.0:
         raise cli.BadInput(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.draft is not None and args.draft_layers is not None:
         raise cli.BadInput("give either --draft or --draft-layers, not both")
@@ -126,8 +123,6 @@ def check_args(args: argparse.Namespace) -> None:
             args.policy_obj = TreePolicy.named(args.policy, retrieval=args.retrieval, datastore=args.datastore)
         except ValueError as e:
             raise cli.BadInput(f"--retrieval: {e}") from None
-    if args.draft_layers is not None and args.draft_layers < 1:
-        raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
     from sage_jax.decoding import budget
 
     try:

@@ -264,17 +264,19 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--preset", action="append", choices=pairs, help=f"default: {', '.join(pairs)}")
     p.add_argument("--mesh", action="append", metavar="DxM", help="data x model chips, e.g. 2x8 (default: "
                    + ", ".join(f"{d}x{m}" for d, m in MESHES.values()) + ")")
-    p.add_argument("--layers", type=int, default=0, metavar="N", help="real-sized layers exported per model, "
+    p.add_argument("--layers", type=cli.integer(0, 1000), default=0, metavar="N",
+                   help="real-sized layers exported per model, "
                    "their bytes scaled to full depth (default 0: the whole models)")
-    p.add_argument("--prompt-len", type=int, default=Shape.prompt_len, metavar="T")
+    p.add_argument("--prompt-len", type=cli.integer(1, cli.MAX_TOKENS), default=Shape.prompt_len, metavar="T")
     p.add_argument("--memory-table", action="store_true",
                    help="print every preset's memory per chip by the inference rules (nothing exported) and exit")
     p.add_argument("--project", metavar="CHIP", choices=sorted(paper_targets.chips()),
                    help="print instead the cost model's tokens/s of AR and SAGE for the paper's pairs on CHIP "
                    "(sage_jax.decoding.cost_model), beside the paper's own figures, and exit")
-    p.add_argument("--tp", type=int, default=8, metavar="N", help="--project: chips per pair, tensor-parallel "
+    p.add_argument("--tp", type=cli.integer(1, 4096), default=8, metavar="N",
+                   help="--project: chips per pair, tensor-parallel "
                    "(default 8)")
-    p.add_argument("--context", type=int, default=8192, metavar="T",
+    p.add_argument("--context", type=cli.integer(1, cli.MAX_TOKENS), default=8192, metavar="T",
                    help="--project: tokens each step attends to (default 8192: a prompt with a video)")
     args = p.parse_args(argv)
     if args.project:

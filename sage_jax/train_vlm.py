@@ -24,7 +24,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set align.steps=10 (repeatable)")
-    p.add_argument("--heldout", type=int, default=100, metavar="N",
+    p.add_argument("--heldout", type=cli.integer(0, 10**6), default=100, metavar="N",
                    help="held-out Fashion-MNIST test images answered at the end (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

@@ -34,16 +34,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--target", help="target LM (default: the shipped SmolLM2-135M-Instruct GGUF)")
     ap.add_argument("--draft", help="main draft: an EAGLE-style head or an LM checkpoint (default: the shipped "
                                     "head, else the self-draft)")
-    ap.add_argument("--draft-layers", type=int, default=10, help="layers of the self-draft / truncated LM draft")
+    ap.add_argument("--draft-layers", type=cli.integer(1, 1000), default=10,
+                    help="layers of the self-draft / truncated LM draft")
     ap.add_argument("--draft-lm", help="LM draft for chain-lm and transformers' assisted generation (default: the "
                                        "target truncated to --draft-layers)")
-    ap.add_argument("--prompts", type=int, default=0, help="use the first N prompts (default: all of the set)")
+    ap.add_argument("--prompts", type=cli.integer(0, 10**6), default=0,
+                    help="use the first N prompts (default: all of the set)")
     ap.add_argument("--prompt-set", choices=SETS, default="test-chat", help="a prompt split, whole or one kind "
                     "(chat; copy: the answer repeats the prompt, where retrieval chains pay; code): test is frozen "
                     "and quoted, dev is where settings are chosen")
     ap.add_argument("--prompts-file", metavar="FILE", help="your own prompts instead of a set: one per line, or JSONL "
                     "(.jsonl) with a \"prompt\" field per line")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=128)
     ap.add_argument("--budget", default="auto", help="tree budget: auto (measured cost profile), static, or N,D")
     ap.add_argument("--methods", help="comma-separated subset of methods (ar is always included)")
     ap.add_argument("--sweep", default="", help="also run SAGE at these fixed node budgets, e.g. 7,31,64")

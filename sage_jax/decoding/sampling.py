@@ -38,7 +38,7 @@ def processed_logprobs(logits: Float[Array, "B ... V"], temperature: Float[Array
     callers take the argmax of the raw logits for them)."""
     t = jnp.where(temperature > 0, temperature, 1.0).astype(jnp.float32)
     x = logits.astype(jnp.float32) / _expand(t, logits.ndim)
-    if cfg.top_k:
+    if cfg.top_k and cfg.top_k < x.shape[-1]:  # k ≥ the vocabulary keeps every token
         kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
         x = jnp.where(x < kth, -jnp.inf, x)
     if cfg.top_p < 1.0:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float
 
+from configs.schema import POSITIVE, Range
 from configs.sharding import shard
 from sage_jax.models.decoder import param
 
@@ -41,14 +42,14 @@ ACTIVATIONS = {
 class SiglipConfig:
     """A SigLIP vision tower. `num_layers` counts the layers kept (LLaVA-OneVision keeps 26 of so400m's 27)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    image_size: int
-    patch_size: int
-    num_channels: int = 3
-    norm_eps: float = 1e-6
+    hidden_size: Annotated[int, POSITIVE]
+    intermediate_size: Annotated[int, POSITIVE]
+    num_layers: Annotated[int, POSITIVE]
+    num_heads: Annotated[int, POSITIVE]
+    image_size: Annotated[int, POSITIVE]
+    patch_size: Annotated[int, POSITIVE]
+    num_channels: Annotated[int, POSITIVE] = 3
+    norm_eps: Annotated[float, Range(0.0)] = 1e-6
     hidden_act: str = "gelu_pytorch_tanh"
     param_dtype: str = "float32"
     dtype: str = "float32"

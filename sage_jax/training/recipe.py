@@ -13,9 +13,9 @@ checkpoints it writes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from configs.schema import Schema
+from configs.schema import COUNT, POSITIVE, Range, Schema
 
 DraftKind = Literal["eagle", "lm"]
 
@@ -24,47 +24,52 @@ DraftKind = Literal["eagle", "lm"]
 class TrainConfig:
     """Optimisation settings of one draft."""
 
-    steps: int = 100
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup: int = 10
-    weight_decay: float = 0.0
-    clip: float = 1.0
+    steps: Annotated[int, POSITIVE] = 100
+    batch_size: Annotated[int, POSITIVE] = 8
+    lr: Annotated[float, Range(0.0)] = 1e-3
+    warmup: Annotated[int, COUNT] = 10
+    weight_decay: Annotated[float, Range(0.0)] = 0.0
+    clip: Annotated[float, Range(0.0)] = 1.0
     seed: int = 0
-    prompt_weight: float = 0.1  # loss weight of prompt positions (answer positions: 1)
-    feature_weight: float = 0.1  # λ of the feature regression (EAGLE head only)
-    head_window: int = 0  # > 0: the LM head / KL only on this many positions from the last prompt token on
-    unroll: int = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
+    prompt_weight: Annotated[float, Range(0.0)] = 0.1  # loss weight of prompt positions (answer positions: 1)
+    feature_weight: Annotated[float, Range(0.0)] = 0.1  # λ of the feature regression (EAGLE head only)
+    # > 0: the LM head / KL only on this many positions from the last prompt token on
+    head_window: Annotated[int, COUNT] = 0
+    unroll: Annotated[int, POSITIVE] = 1  # EAGLE head: levels of training-time test (1 = teacher forcing only)
     unroll_decay: float = 0.8  # weight of level k is unroll_decay**k
-    hard_weight: float = 0.0  # + this · cross-entropy on the target's argmax (greedy decoding accepts only it)
-    eval_every: int = 50
-    ckpt_every: int = 50
-    log_every: int = 1
+    # + this · cross-entropy on the target's argmax (greedy decoding accepts only it)
+    hard_weight: Annotated[float, Range(0.0)] = 0.0
+    eval_every: Annotated[int, POSITIVE] = 50
+    ckpt_every: Annotated[int, POSITIVE] = 50
+    log_every: Annotated[int, POSITIVE] = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """The self-distillation data: prompts, then the target's own greedy answers with its features."""
 
-    n_train: int = 48  # corpus prompts (Python stdlib code, Python docs prose) for training
-    n_heldout: int = 16  # corpus prompts held out (other source files)
-    n_general: int = 0  # chat-style WordNet prompts for training (and the size of each extra block)
-    n_heldout_general: int = 0  # WordNet prompts held out (other lemmas)
+    n_train: Annotated[int, COUNT] = 48  # corpus prompts (Python stdlib code, Python docs prose) for training
+    n_heldout: Annotated[int, COUNT] = 16  # corpus prompts held out (other source files)
+    n_general: Annotated[int, COUNT] = 0  # chat-style WordNet prompts for training (and the size of each extra block)
+    n_heldout_general: Annotated[int, COUNT] = 0  # WordNet prompts held out (other lemmas)
     general_templates: Literal["basic", "extended"] = "basic"  # extended: more phrasings, summaries, advice, math
     extra_general_seeds: tuple[int, ...] = ()  # one more block of n_general WordNet prompts per seed
-    gen_batch: int = 16  # prompts per batched greedy rollout
-    shard_rows: int = 128  # rows per data shard (an interrupted rollout resumes at the next shard)
-    max_new_tokens: int = 32  # answer length
-    max_prompt_tokens: int = 32  # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
-    corpus_rows: int = 0  # + this many teacher-forced rows of corpus text in the assistant turn (`features.py`)
+    gen_batch: Annotated[int, POSITIVE] = 16  # prompts per batched greedy rollout
+    shard_rows: Annotated[int, POSITIVE] = 128  # rows per data shard (an interrupted rollout resumes at the next shard)
+    max_new_tokens: Annotated[int, POSITIVE] = 32  # answer length
+    # longer prompts are dropped (byte-encoded ones, without a tokenizer, are cut)
+    max_prompt_tokens: Annotated[int, POSITIVE] = 32
+    # + this many teacher-forced rows of corpus text in the assistant turn (`features.py`)
+    corpus_rows: Annotated[int, COUNT] = 0
     # An answers.jsonl of `python -m sage_jax.build_datastore`: the target's greedy answers to its training prompts
     # become teacher-forced rows (`distillation.answer_rows`; those whose prompt is one of the recipe's own dropped).
     answers: str = ""
-    n_answers: int = 0  # its first this many answers (0: all), so a recipe reads the same rows from a grown file
+    # its first this many answers (0: all), so a recipe reads the same rows from a grown file
+    n_answers: Annotated[int, COUNT] = 0
     # False: the recipe's training prompts are not answered (a head continued by `eagle.init_from` already learned
     # them); they only keep `answers` from repeating them. The held-out block is still generated.
     rollouts: bool = True
-    feature_batch: int = 8  # rows per teacher-forced target forward
+    feature_batch: Annotated[int, POSITIVE] = 8  # rows per teacher-forced target forward
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,7 +79,7 @@ class EagleConfig:
     mlp_dim: int = 0  # 0: the target's
     taps: tuple[int, ...] = ()  # EAGLE-3-style: fuse the inputs of these target layers (() = its last hidden state)
     own_head: bool = False  # a trainable final norm + LM head over the reduced vocabulary (warm-started)
-    chain_depth: int = 5  # the held-out greedy chain that the summary reports
+    chain_depth: Annotated[int, POSITIVE] = 5  # the held-out greedy chain that the summary reports
     # A head checkpoint to continue training from: its vocabulary and taps must be the recipe's; a head without an
     # own LM head may gain one (`own_head`, warm-started from the target's rows, so it starts as that head).
     init_from: str = ""
@@ -85,11 +90,11 @@ class EagleConfig:
 class LMDraftConfig:
     """A separate small LM draft with the target's vocabulary."""
 
-    n_layers: int = 2
-    d_model: int = 32
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    head_dim: int = 8
+    n_layers: Annotated[int, POSITIVE] = 2
+    d_model: Annotated[int, POSITIVE] = 32
+    n_heads: Annotated[int, POSITIVE] = 4
+    n_kv_heads: Annotated[int, POSITIVE] = 2
+    head_dim: Annotated[int, POSITIVE] = 8
     mlp_dim: int = 64
     train: TrainConfig = TrainConfig(feature_weight=0.0)
 
@@ -105,7 +110,7 @@ class DraftRecipe(Schema):
     target_scale: float = 1.0  # tiny only: weights scaled so the target's distributions are not uniform
     seed: int = 0  # prompt sampling
     kinds: tuple[DraftKind, ...] = ("eagle",)  # the drafts to train
-    vocab_size: int = 0  # reduced draft vocabulary: the N most frequent ids of the data (0 = full)
+    vocab_size: Annotated[int, COUNT] = 0  # reduced draft vocabulary: the N most frequent ids of the data (0 = full)
     out_dtype: Literal["float32", "bfloat16"] = "bfloat16"  # of the written drafts
     data: DataConfig = DataConfig()
     eagle: EagleConfig = EagleConfig()

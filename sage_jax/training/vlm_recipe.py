@@ -20,22 +20,23 @@ by `VLMRecipe.from_config`; `--set a.b=value` overrides one field on the way (`c
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
-from configs.schema import Schema
+from configs.schema import COUNT, POSITIVE, Range, Schema
 from sage_jax.models.siglip import SiglipConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StageConfig:
-    steps: int
-    batch_size: int
-    lr: float
-    warmup: int = 20
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    ckpt_every: int = 50
-    eval_every: int = 0  # align stage: greedy answers on held-out Fashion-MNIST test images every N steps
+    steps: Annotated[int, POSITIVE]
+    batch_size: Annotated[int, POSITIVE]
+    lr: Annotated[float, Range(0.0)]
+    warmup: Annotated[int, COUNT] = 20
+    weight_decay: Annotated[float, Range(0.0)] = 0.0
+    clip: Annotated[float, Range(0.0)] = 1.0
+    ckpt_every: Annotated[int, POSITIVE] = 50
+    # align stage: greedy answers on held-out Fashion-MNIST test images every N steps
+    eval_every: Annotated[int, COUNT] = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,19 +47,21 @@ class VLMRecipe(Schema):
     tower: StageConfig
     align: StageConfig
     draft: StageConfig | None = None
-    draft_rows: int = 512  # training images the VLM answers for the draft stage
-    tower_lr_scale: float = 0.1  # align stage: the tower's learning rate relative to the projector's
+    draft_rows: Annotated[int, POSITIVE] = 512  # training images the VLM answers for the draft stage
+    # align stage: the tower's learning rate relative to the projector's
+    tower_lr_scale: Annotated[float, Range(0.0)] = 0.1
     # tower stage: weight of the per-token probe loss (every visual token classifies the image on its own, as the
     # warm start then asks each token to stand for the class's word), beside the mean-pooled probe's
-    token_loss: float = 0.0
-    shift: int = 0  # tower stage: random translation of the training images by up to this many pixels
+    token_loss: Annotated[float, Range(0.0)] = 0.0
+    shift: Annotated[int, COUNT] = 0  # tower stage: random translation of the training images by up to this many pixels
     mix: tuple[float, float, float] = (0.8, 0.12, 0.08)  # sampling weights of fashion, digits, photos
-    photo_crops: int = 64  # random crops of each scikit-image photo
-    seq_len: int = 112  # align stage: tokens per row (prompt with its visual tokens, answer, padding)
-    answer_len: int = 24  # align stage: answer tokens scored per row
+    photo_crops: Annotated[int, COUNT] = 64  # random crops of each scikit-image photo
+    # align stage: tokens per row (prompt with its visual tokens, answer, padding)
+    seq_len: Annotated[int, POSITIVE] = 112
+    answer_len: Annotated[int, POSITIVE] = 24  # align stage: answer tokens scored per row
     warm_start: bool = True  # fit the projector's last layer by ridge regression before the align stage
-    ridge_images: int = 2048  # images whose tower features the ridge fit reads
-    eval_images: int = 32  # held-out images answered at each align evaluation
+    ridge_images: Annotated[int, POSITIVE] = 2048  # images whose tower features the ridge fit reads
+    eval_images: Annotated[int, POSITIVE] = 32  # held-out images answered at each align evaluation
     seed: int = 0
 
     def to_json(self) -> dict[str, Any]:

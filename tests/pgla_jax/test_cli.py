@@ -53,12 +53,12 @@ def test_cli_json_and_figure(tmp_path, capsys):
     (["--config", "no_such_config"], "unknown config"),
     (["--config", "patches_lenet", "--data", "cifar10", "--data-path", "/nonexistent/cifar"], "not found"),
     (["--config", "patches_lenet", "--data", "cifar10"], "not found"),
-    (["--config", "digits_tiny", "--batch-size", "5000", "--images", "5000"], "larger than"),
+    (["--config", "digits_tiny", "--batch-size", "1800", "--images", "1800"], "larger than"),
     (["--config", "digits_tiny", "--noise", "uniform"], "invalid choice"),
     (["--config", "denoiser_tiny"], "expected ExperimentConfig"),
     (["--set", "attack.no_such_field=1"], "unknown config key"),
     (["--set", "attack.iterations=many"], "--set attack.iterations"),
-    (["--jitter", "-1"], "--jitter must be"),
+    (["--jitter", "-1"], "--jitter: must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert attack.main([*argv, "--out", str(tmp_path)]) == 2
@@ -99,9 +99,9 @@ def test_set_overrides_fields_and_the_flags_win():
 @pytest.mark.parametrize("argv,needle", [
     (["--config", "mnist_lenet"], "expected DenoiserConfig"),
     (["--config", "no_such_config"], "unknown config"),
-    (["--steps", "0"], "--steps must be"),
+    (["--steps", "0"], "--steps: must be"),
     (["--extend"], "--extend needs --steps"),
-    (["--max-steps", "0"], "--max-steps must be"),
+    (["--max-steps", "0"], "--max-steps: must be"),
     (["--set", "unet.no_such_field=1"], "unknown config key"),
     (["--mesh", "data=2,model=x"], "positive integer"),
     (["--mesh", "batch=2"], "unknown mesh axis"),

@@ -25,8 +25,8 @@ def test_reuses_the_answers_it_has_and_builds(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--answers", "0"], "must be >= 1"),
-    (["--length", "0"], "must be >= 1"),
+    (["--answers", "0"], "--answers: must be between 1"),
+    (["--length", "0"], "--length: must be between 1"),
     (["--workdir", "{file}"], "is not a directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, msg, tmp_path, capsys):

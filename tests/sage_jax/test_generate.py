@@ -189,7 +189,7 @@ BAD = {
     "visual_tokens_too_many": (["--target", "{image_only}", "--image", "{root}/cat.png", "--max-new-tokens", "4"],
                                "visual tokens"),
     "vlm_text_draft": (["--target", "{vlm}", "--draft", "{tiny}", "--image", "{root}/cat.png"], "draft"),
-    "bad_int": (["--max-new-tokens", "many"], "invalid int"),
+    "bad_int": (["--max-new-tokens", "many"], "expected an integer"),
     "mesh_axis": (["--mesh", "data=1,tensor=2"], "unknown mesh axis 'tensor'"),
     "mesh_size": (["--mesh", "model=0"], "positive integer"),
     "mesh_syntax": (["--mesh", "model"], "AXIS=SIZE"),

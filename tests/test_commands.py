@@ -1,0 +1,108 @@
+"""Every command's numbers at their boundaries: each numeric flag and each numeric config field (``--set``) gets 0,
+−1, NaN, ±∞ and a huge value, and the command either takes it or answers one line ``error: ...`` with exit code 2,
+never a traceback. The flags are found by asking each command's parser (`configs.cli.Parser`), so a new flag is
+fuzzed without being listed here, and a numeric flag without a range (`type=int` / `type=float`) fails."""
+
+import dataclasses
+import importlib
+import typing
+
+import pytest
+
+from configs import cli, schema
+
+COMMANDS = ("sage_jax.generate", "sage_jax.bench.__main__", "sage_jax.convert", "sage_jax.train_draft",
+            "sage_jax.train_vlm", "sage_jax.build_datastore", "sage_jax.evaluate_draft", "sage_jax.lowering",
+            "pgla_jax.attack", "pgla_jax.train_denoiser", "pgla_jax.prepare_data")
+BOUNDARIES = ("0", "-1", "nan", "inf", "-inf", "1e308", "99999999999999999999", "1.5")
+
+
+class _Parsed(Exception):
+    """Raised by the spy in place of parsing: carries the parser."""
+
+
+def _parser(module: str, monkeypatch) -> cli.Parser:
+    def spy(self, args=None, namespace=None):
+        raise _Parsed(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(cli.Parser, "parse_args", spy)
+        try:
+            importlib.import_module(module).main([])
+        except _Parsed as e:
+            return e.args[0]
+    raise AssertionError(f"{module} never parsed its arguments")
+
+
+def _numeric(parser) -> list[tuple[str, str]]:
+    flags = []
+    for action in parser._actions:
+        if action.type in (int, float):
+            raise AssertionError(f"{parser.prog} {action.option_strings}: a number without a range; use "
+                                 "cli.integer / cli.number")
+        if getattr(action.type, "__name__", None) in ("integer", "number") and action.option_strings:
+            flags.append((action.option_strings[-1], action.type.__name__))
+    return flags
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_every_numeric_flag_takes_its_boundaries_or_refuses_in_one_line(module, monkeypatch, capsys):
+    parser = _parser(module, monkeypatch)
+    main = importlib.import_module(module).main
+    for flag, kind in _numeric(parser):
+        for value in BOUNDARIES:
+            # `--help` after the value: an accepted value ends there (exit 0), before any work.
+            try:
+                code = main([flag, value, "--help"])
+            except SystemExit as e:
+                code = e.code
+            out = capsys.readouterr()
+            assert code in (0, 2), (module, flag, value, code)
+            if code == 2:
+                assert out.err.startswith("error: ") and out.err.count("\n") == 1, (module, flag, value, out.err)
+                assert flag in out.err, (flag, out.err)
+            if value in ("nan", "inf", "-inf") or (kind == "integer" and value == "99999999999999999999"):
+                assert code == 2, (module, flag, value)  # never a setting: ∞, NaN and counts past int32
+
+
+def _numeric_fields(cls, prefix=""):
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        hint, key = hints[f.name], f"{prefix}{f.name}"
+        group = schema.group_type(hint)
+        if group is not None:
+            yield from _numeric_fields(group, key + ".")
+            continue
+        bare = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+        arms = typing.get_args(bare) or (bare,)
+        arms = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in arms]
+        if int in arms or float in arms:
+            yield key
+
+
+RECIPES = [("smollm2_eagle", "configs.sage", "sage_jax.training.recipe", "DraftRecipe"),
+           ("smollm2_vlm", "configs.sage", "sage_jax.training.vlm_recipe", "VLMRecipe"),
+           ("mnist_lenet", "configs.pgla", "pgla_jax.config", "ExperimentConfig"),
+           ("denoiser_lenet", "configs.pgla", "pgla_jax.config", "DenoiserConfig")]
+
+
+@pytest.mark.parametrize("name,package,module,cls", RECIPES)
+def test_every_numeric_config_field_takes_its_boundaries_or_refuses_in_one_line(name, package, module, cls):
+    """``--set key=value`` on every int / float field: a value or a one-line `BadInput`; NaN, ∞ and negative step
+    counts never make a recipe."""
+    cls = getattr(importlib.import_module(module), cls)
+    keys = list(_numeric_fields(cls))
+    assert len(keys) > 10, keys
+    for key in keys:
+        for value in ("0", "-1", "-5", "float('nan')", "1e999", "-1e999"):
+            try:
+                cli.load_config(name, package, cls, overrides=[f"{key}={value}"])
+            except cli.BadInput as e:
+                assert "\n" not in str(e) and key in str(e), (key, value, e)
+            else:
+                assert value not in ("float('nan')", "1e999", "-1e999"), (key, value)
+    for key in [k for k in keys if k.endswith(".steps") or k == "steps"]:
+        with pytest.raises(cli.BadInput, match="must be"):
+            cli.load_config(name, package, cls, overrides=[f"{key}=-5"])
