@@ -134,6 +134,53 @@ def _in_range(value: float, lo: float | None, hi: float | None) -> None:
         raise argparse.ArgumentTypeError(str(e).removeprefix("value ")) from None
 
 
+def output_file(path: str, flag: str, force: bool = False) -> None:
+    """Checks a file the command will write, before any work: not a folder, not already there unless `force`, and
+    its folder writable (or creatable). Creates nothing."""
+    if os.path.isdir(path):
+        raise BadInput(f"{flag} {path} is a folder; name a file")
+    if os.path.lexists(path) and not force:
+        raise BadInput(f"{path} exists; pass --force to overwrite it or choose another {flag}")
+    writable(os.path.dirname(os.path.abspath(path)), flag)
+
+
+def output_dir(path: str, flag: str, force: bool = False, outputs: Sequence[str] = ()) -> None:
+    """Checks a folder the command will write `outputs` (names inside it) to, before any work: not a file, none of
+    them already there unless `force`, and writable (or creatable). Creates nothing."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise BadInput(f"{flag} {path} is a file; name a folder")
+    if not force:
+        for name in outputs:
+            if os.path.lexists(os.path.join(path, name)):
+                raise BadInput(f"{os.path.join(path, name)} exists; pass --force to overwrite it or choose another "
+                               f"{flag}")
+    writable(path, flag)
+
+
+def work_folder(path: str, flag: str = "--workdir") -> None:
+    """Checks a work folder before any work: not a file, and writable (or creatable)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise BadInput(f"{flag} {path} exists and is not a folder")
+    writable(path, flag)
+
+
+def writable(folder: str, flag: str) -> None:
+    """BadInput unless `folder` (or, where it does not exist yet, its nearest existing parent) takes a new file: a
+    real probe (a temporary file, removed), since permission bits say nothing to root or about read-only mounts."""
+    existing = os.path.abspath(folder)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise BadInput(f"{flag} {folder}: {existing} is a file, not a folder")
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise BadInput(f"{flag} {folder}: cannot write to {existing} ({e.strerror or type(e).__name__})") from None
+
+
 def mesh_axes(text: str) -> dict[str, int]:
     """The argument type of ``--mesh AXIS=SIZE,...`` (`configs.sharding.parse_mesh`): a bad value is the parser's
     one-line error."""

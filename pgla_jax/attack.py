@@ -165,16 +165,13 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parse(argv)
     cfg = build_config(args)
-    os.makedirs(args.out, exist_ok=True)
     noises = args.noise or (cfg.protection.noise,)
     cals = args.calibration or (cfg.protection.calibration,)
     settings = [(n, c) for n in noises for c in cals]
     stem = f"pgla_{cfg.data.name.split('/')[0]}_{cfg.attack.kind}"
     figures = [os.path.join(args.out, f"{stem}_{n}_{c}.png") for n, c in settings]
     outputs = [*figures, os.path.join(args.out, "results.md"), os.path.join(args.out, "results.json")]
-    for path in outputs:
-        if os.path.exists(path) and not args.force:
-            raise cli.BadInput(f"{path} exists; pass --force to overwrite it or choose another --out")
+    cli.output_dir(args.out, "--out", args.force, [os.path.basename(p) for p in outputs])
     ckpt = denoiser_path(args.denoiser, cfg.victim)
 
     # Heavy imports after the argument checks, so bad input fails fast.
@@ -202,6 +199,7 @@ def _main(argv) -> int:
                 if n in names or (n == experiment.AWARE and base is not None)]
     # attack_aware runs each blend that no attacked row has already inverted (α = 0: none's, α = 1: its base's).
     aware = experiment.AWARE in attacked and len(experiment.BLENDS) - ("none" in attacked) - (base in attacked)
+    os.makedirs(args.out, exist_ok=True)  # after every check: a refused run leaves no empty folder behind
     per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) - (experiment.AWARE in attacked) + aware
                                                           + args.jitter + (args.jitter > 0 and "none" not in attacked))
     total = (cfg.num_images // cfg.batch_size) * per_image

@@ -83,8 +83,7 @@ def build_config(args) -> DenoiserConfig:
     if cfg.refiner.steps and cfg.prior_rank and cfg.refiner.gradients.victim != cfg.gradients.victim:
         raise cli.BadInput(f"refiner.gradients.victim {cfg.refiner.gradients.victim} is not the prior's victim "
                            f"gradients.victim {cfg.gradients.victim}; the learned correction works in its eigenbasis")
-    if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
-        raise cli.BadInput(f"--workdir {args.workdir} exists and is not a folder")
+    cli.work_folder(args.workdir)
     return cfg
 
 

@@ -32,6 +32,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--answers", type=cli.integer(1, 10**7), default=4096, help="training prompts the target answers")
     ap.add_argument("--workdir", default="runs/datastore", help="answers.jsonl is kept here (resumable)")
     ap.add_argument("--out", metavar="DIR", help="where datastore.npz goes (default: WORKDIR)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing datastore.npz")
     ap.add_argument("--batch", type=cli.integer(1, 4096), default=32, help="prompts per compiled batch")
     ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=96)
     ap.add_argument("--length", type=cli.integer(1, 1024), default=8,
@@ -44,9 +45,8 @@ def _main(argv: list[str] | None) -> int:
     if args.temperature == 0.0:  # the flag's type checks [0, 2]
         raise cli.BadInput(f"--temperature must be in (0, 2], got {args.temperature}")
     out = args.out or args.workdir
-    for d in (args.workdir, out):
-        if os.path.exists(d) and not os.path.isdir(d):
-            raise cli.BadInput(f"{d} exists and is not a directory")
+    cli.work_folder(args.workdir)
+    cli.output_dir(out, "--out", args.force, ("datastore.npz",))
     os.makedirs(args.workdir, exist_ok=True)
     os.makedirs(out, exist_ok=True)
     from tqdm import tqdm

@@ -41,7 +41,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--prompt-set", choices=SETS, help="a split of sage_jax/prompts.py instead of the 24 dev "
                     "acceptance prompts (EVAL_PROMPTS)")
     ap.add_argument("--batch", type=cli.integer(1, 4096), default=1, help="prompts per request (speed, not acceptance)")
-    ap.add_argument("--out", metavar="JSON")
+    ap.add_argument("--out", metavar="JSON", help="write the results here too (with what produced them)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
     ap.add_argument("--vlm", action="store_true", help="the shipped VLM on held-out images (the prompts: images)")
@@ -51,6 +52,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--datastore", nargs="?", const="", default=None, metavar="DIR",
                     help="also merge a chain from the target's answers: the draft checkpoint's datastore, or DIR's")
     args = ap.parse_args(argv)
+    if args.out:
+        cli.output_file(args.out, "--out", args.force)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:

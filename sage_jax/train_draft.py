@@ -31,8 +31,7 @@ def _main(argv: list[str] | None) -> int:
 
     recipe = cli.load_config(args.config, "configs.sage", DraftRecipe, overrides=args.set)
     workdir = args.workdir or os.path.join("runs", cli.config_name(args.config))
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
+    cli.work_folder(workdir)
     from sage_jax.io.loader import cache_dir
     from sage_jax.training import distillation
 

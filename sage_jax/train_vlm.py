@@ -24,7 +24,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set align.steps=10 (repeatable)")
-    p.add_argument("--heldout", type=cli.integer(0, 10**6), default=100, metavar="N",
+    p.add_argument("--heldout", type=cli.integer(1, 10_000), default=100, metavar="N",
                    help="held-out Fashion-MNIST test images answered at the end (default 100)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -36,11 +36,8 @@ def _main(argv: list[str] | None) -> int:
     from sage_jax.training.vlm_recipe import VLMRecipe
 
     recipe = cli.load_config(args.config, "configs.sage", VLMRecipe, overrides=args.set)
-    if not 1 <= args.heldout <= 10_000:
-        raise cli.BadInput(f"--heldout must be in [1, 10000], got {args.heldout}")
     workdir = args.workdir or os.path.join("runs", cli.config_name(args.config))
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cli.BadInput(f"--workdir {workdir} exists and is not a directory")
+    cli.work_folder(workdir)
     from sage_jax.io.loader import cache_dir
     from sage_jax.training import vlm_stages
 

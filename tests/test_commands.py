@@ -5,6 +5,7 @@ fuzzed without being listed here, and a numeric flag without a range (`type=int`
 
 import dataclasses
 import importlib
+import os
 import typing
 
 import pytest
@@ -106,3 +107,98 @@ def test_every_numeric_config_field_takes_its_boundaries_or_refuses_in_one_line(
     for key in [k for k in keys if k.endswith(".steps") or k == "steps"]:
         with pytest.raises(cli.BadInput, match="must be"):
             cli.load_config(name, package, cls, overrides=[f"{key}=-5"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Output locations: checked before any work, never overwritten without --force, no folder left by a refused run.
+# ---------------------------------------------------------------------------------------------------------------
+
+#: A folder nobody can write to, root included (a read-only file system).
+UNWRITABLE = "/proc/sage_jax_unwritable"
+
+
+def _one_line(capsys, *needles):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_bench_out_is_never_overwritten_without_force(tmp_path, capsys):
+    from sage_jax.bench.__main__ import main
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "bench.json").write_text("{}")
+    before = _snapshot(out)
+    assert main(["--quick", "--out", str(out)]) == 2
+    _one_line(capsys, "bench.json exists", "--force")
+    assert _snapshot(out) == before
+    (tmp_path / "file").write_text("x")
+    assert main(["--quick", "--out", str(tmp_path / "file")]) == 2
+    _one_line(capsys, "is a file")
+
+
+def test_bench_refused_run_leaves_no_folder_and_sweep_is_checked(tmp_path, capsys):
+    from sage_jax.bench.__main__ import main
+
+    out = tmp_path / "never"
+    assert main(["--quick", "--methods", "no_such_method", "--out", str(out)]) == 2
+    _one_line(capsys, "unknown method")
+    assert not out.exists()
+    for bad in ("abc", "-5", "0", "7,x"):
+        assert main(["--quick", "--sweep", bad, "--out", str(out)]) == 2
+        _one_line(capsys, "--sweep")
+    assert not out.exists()
+
+
+def test_evaluate_draft_out_is_checked_before_the_evaluation(tmp_path, capsys):
+    from sage_jax.evaluate_draft import main
+
+    assert main(["--out", str(tmp_path)]) == 2  # a folder: refused at once, not after the whole evaluation
+    _one_line(capsys, "is a folder")
+    existing = tmp_path / "acc.json"
+    existing.write_text('{"kept": true}')
+    assert main(["--out", str(existing)]) == 2
+    _one_line(capsys, "exists", "--force")
+    assert existing.read_text() == '{"kept": true}'
+
+
+def test_build_datastore_out_is_never_overwritten_without_force(tmp_path, capsys):
+    from sage_jax.build_datastore import main
+
+    (tmp_path / "datastore.npz").write_bytes(b"old")
+    assert main(["--workdir", str(tmp_path)]) == 2
+    _one_line(capsys, "datastore.npz exists", "--force")
+    assert (tmp_path / "datastore.npz").read_bytes() == b"old"
+
+
+def test_attack_out_naming_a_file_and_no_empty_folder(tmp_path, capsys):
+    from pgla_jax.attack import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["--out", str(tmp_path / "file")]) == 2
+    _one_line(capsys, "is a file")
+    out = tmp_path / "never"
+    assert main(["--denoisers", "none,no_such_denoiser", "--out", str(out)]) == 2
+    _one_line(capsys, "not available")
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's read-only /proc")
+@pytest.mark.parametrize("module,argv", [
+    ("sage_jax.train_draft", ["--config", "tiny", "--workdir", UNWRITABLE + "/w"]),
+    ("sage_jax.train_vlm", ["--config", "smollm2_vlm", "--workdir", UNWRITABLE + "/w"]),
+    ("pgla_jax.train_denoiser", ["--config", "denoiser_tiny", "--workdir", UNWRITABLE + "/w"]),
+    ("pgla_jax.attack", ["--out", UNWRITABLE + "/o"]),
+    ("sage_jax.bench.__main__", ["--quick", "--out", UNWRITABLE + "/o"]),
+    ("sage_jax.evaluate_draft", ["--out", UNWRITABLE + "/acc.json"]),
+    ("sage_jax.build_datastore", ["--workdir", UNWRITABLE + "/w"]),
+])
+def test_an_unwritable_output_is_one_line_before_any_work(module, argv, capsys):
+    assert importlib.import_module(module).main(argv) == 2
+    _one_line(capsys, "cannot write to")

@@ -29,6 +29,12 @@ from sage_jax.models.config import MATMULS
 from sage_jax.prompts import SETS
 
 
+def _sweep(text: str) -> tuple[int, ...]:
+    """--sweep: comma-separated node budgets, each in [1, 4096]."""
+    parse = cli.integer(1, 4096)
+    return tuple(parse(t.strip()) for t in text.split(",") if t.strip())
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = cli.Parser(prog="python -m sage_jax.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--target", help="target LM (default: the shipped SmolLM2-135M-Instruct GGUF)")
@@ -48,7 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=128)
     ap.add_argument("--budget", default="auto", help="tree budget: auto (measured cost profile), static, or N,D")
     ap.add_argument("--methods", help="comma-separated subset of methods (ar is always included)")
-    ap.add_argument("--sweep", default="", help="also run SAGE at these fixed node budgets, e.g. 7,31,64")
+    ap.add_argument("--sweep", type=_sweep, default=(), help="also run SAGE at these fixed node budgets, e.g. 7,31,64")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     ap.add_argument("--no-ablations", action="store_true", help="skip the SAGE ablations")
     ap.add_argument("--attention", choices=("xla", "pallas"), default="xla", help="attention of our decoding "
@@ -57,6 +63,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "the few rows of a decode / verify step through the skinny kernel), XLA's dot throughout, or "
                     "exact (shape-invariant: SAGE equals AR bit for bit)")
     ap.add_argument("--out", default="out/bench", help="folder for bench.json and the plots")
+    ap.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
     ap.add_argument("--quick", action="store_true", help="tiny random target, 3 prompts, 32 tokens (CI smoke)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--vlm", action="store_true", help="benchmark a vision-language target (bench/vlm.py)")
@@ -76,14 +83,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _main(argv: list[str] | None) -> int:
     args = parse(argv)
-    from sage_jax.bench import plots, run, suite
+    from sage_jax.bench import suite
 
-    if args.max_new_tokens < 1 or args.prompts < 0:
-        raise cli.BadInput("--max-new-tokens must be >= 1 and --prompts >= 0")
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        raise cli.BadInput(f"cannot create --out {args.out}: {e.strerror}") from None
+    cli.output_dir(args.out, "--out", args.force, ("bench.json", "table.md", "vlm_bench.json"))
     if args.vlm:
         from sage_jax.bench import vlm
 
@@ -91,8 +93,19 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput("--prompts-file takes text prompts; --vlm asks about --image / --video")
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
+        os.makedirs(args.out, exist_ok=True)
         return vlm.run(args, argv)
     s = suite.build(args)
+    try:
+        return _measure(s, args, argv)
+    finally:
+        s.close()  # transformers' export of the target, on every exit path
+
+
+def _measure(s, args, argv) -> int:
+    from sage_jax.bench import plots, run
+
+    os.makedirs(args.out, exist_ok=True)  # after every check: a refused run leaves no empty folder behind
     record = run.provenance(argv, s.draft_path)
     meta = {"title": s.title, "machine": provenance.machine(record), "provenance": record, "profile": s.profile,
             "args": vars(args)}

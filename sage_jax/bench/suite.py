@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 import tempfile
 
@@ -28,6 +29,13 @@ class Suite:
     profile: dict | None
     draft_path: str | None = None  # the main draft's checkpoint (None: a self-draft)
     kinds: list[str] | None = None  # each prompt's kind (chat, copy, code), for a split's prompts
+    scratch: str | None = None  # transformers' export of the target (HF peers): the caller removes it (`close`)
+
+    def close(self) -> None:
+        """Removes the run's temporary files."""
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 def parse_budget(text: str):
@@ -66,10 +74,7 @@ def build(args: argparse.Namespace) -> Suite:
     from sage_jax.engine import Engine, load_engine
 
     budget = parse_budget(args.budget)
-    sweep = tuple(int(x) for x in args.sweep.split(",")) if args.sweep else ()
-    hf_root = tempfile.mkdtemp(prefix="sage_bench_hf_")
-    if args.draft_layers < 1:
-        raise cli.BadInput(f"--draft-layers must be >= 1, got {args.draft_layers}")
+    sweep = args.sweep
     att = dict(attention=args.attention, matmul=args.matmul)
     own, kinds = None, None
     if args.prompts_file:
@@ -108,7 +113,8 @@ def build(args: argparse.Namespace) -> Suite:
     methods += M.llama_methods()
     methods = _select(methods, args.methods)
     if args.quick and not args.methods:
-        methods = [m for m in methods if m.name in ("ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted")]
+        keep = {"ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted", *(f"sage-fixed-{n}" for n in sweep)}
+        methods = [m for m in methods if m.name in keep]  # --sweep's budgets stay: the user asked for them
     prompts = prompts[: args.prompts] if args.prompts else prompts
     kinds = kinds[: len(prompts)] if kinds else None
     gguf = None if args.quick else str(args.target or _default_target())
@@ -123,15 +129,22 @@ def build(args: argparse.Namespace) -> Suite:
         xla_engine = Engine(engine.target, draft_spec=DraftSpec(kind="self", n_layers=1),
                             **dict(att, matmul="xla"))
     runners = {"ours": M.OursRunner(engine, lm_engine, args.max_new_tokens, xla_engine)}
+    hf_root = None
     if any(m.kind == "hf" for m in methods):
         cfg, tok = engine.cfg, engine.tokenizer
         params = _canonical_params(engine.target, args.target)
-        t_dir = M.export_hf(cfg, params, tok, root=hf_root)
-        if draft_lm is None:
-            d_dir = M.export_hf(cfg, params, tok, n_layers=n_lm, root=hf_root)
-        else:
-            d_dir = M.export_hf(draft_lm.config, draft_lm.module.params(), tok, root=os.path.join(hf_root, "draft"))
-        runners["hf"] = M.HFRunner(t_dir, d_dir, cfg, args.max_new_tokens)
+        hf_root = tempfile.mkdtemp(prefix="sage_bench_hf_")
+        try:
+            t_dir = M.export_hf(cfg, params, tok, root=hf_root)
+            if draft_lm is None:
+                d_dir = M.export_hf(cfg, params, tok, n_layers=n_lm, root=hf_root)
+            else:
+                d_dir = M.export_hf(draft_lm.config, draft_lm.module.params(), tok,
+                                    root=os.path.join(hf_root, "draft"))
+            runners["hf"] = M.HFRunner(t_dir, d_dir, cfg, args.max_new_tokens)
+        except BaseException:
+            shutil.rmtree(hf_root, ignore_errors=True)
+            raise
     if any(m.kind == "llama" for m in methods):
         with cli.reported(OSError, ValueError):
             runners["llama"] = M.LlamaCppRunner(gguf, engine.cfg.eos_token_ids, args.max_new_tokens)
@@ -147,7 +160,7 @@ def build(args: argparse.Namespace) -> Suite:
              f"LM draft {lm_desc}{'; Pallas tree attention' if args.attention == 'pallas' else ''}"
              f"{'; XLA dots only (--matmul xla)' if args.matmul == 'xla' else ''}")
     return Suite(prompts=prompts, methods=methods, runners=runners, title=title, profile=profile,
-                 draft_path=draft_path, kinds=kinds)
+                 draft_path=draft_path, kinds=kinds, scratch=hf_root)
 
 
 def _default_target():
