@@ -27,7 +27,7 @@ def test_reuses_the_answers_it_has_and_builds(tmp_path, capsys):
 @pytest.mark.parametrize("argv, msg", [
     (["--answers", "0"], "--answers: must be between 1"),
     (["--length", "0"], "--length: must be between 1"),
-    (["--workdir", "{file}"], "is not a directory"),
+    (["--workdir", "{file}"], "is not a folder"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, msg, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
