@@ -157,6 +157,29 @@ def output_dir(path: str, flag: str, force: bool = False, outputs: Sequence[str]
     writable(path, flag)
 
 
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+    """An output written beside `path` and put in its place only when complete: yields a fresh path in the same
+    folder (nothing there yet) for the writer; on success whatever was at `path` is replaced by it (renames, then the
+    old one removed: never a merge of old and new), on any failure or Ctrl-C the partial output is removed and
+    `path` is as it was."""
+    import shutil
+    import tempfile
+
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=parent)
+    staged = os.path.join(scratch, "out")
+    try:
+        yield staged
+        old = os.path.join(scratch, "old")
+        if os.path.lexists(path):
+            os.rename(path, old)
+        os.rename(staged, path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def work_folder(path: str, flag: str = "--workdir") -> None:
     """Checks a work folder before any work: not a file, and writable (or creatable)."""
     if os.path.lexists(path) and not os.path.isdir(path):

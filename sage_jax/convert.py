@@ -25,29 +25,31 @@ def _main(argv: list[str] | None) -> int:
                     help="stored parameter dtype of our checkpoint (HF output is float32)")
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args(argv)
-    if os.path.exists(args.out) and not args.force:
+    if os.path.lexists(args.out) and not args.force:
         raise cli.BadInput(f"{args.out} exists; pass --force to replace it")
+    cli.writable(os.path.dirname(os.path.abspath(args.out)), "OUT")
     import jax
     import jax.numpy as jnp
 
     from sage_jax.io import architectures, hf, lm_checkpoint, loader, vlm_checkpoint
 
-    with cli.reported(OSError, ValueError):  # configs.checkpoint.CheckpointError is a ValueError
+    # Written beside OUT and renamed into place when complete: --force replaces OUT whole (an old checkpoint left
+    # inside would otherwise shadow the new one), and a failed or interrupted run leaves OUT as it was.
+    with cli.reported(OSError, ValueError), cli.replacing(args.out) as staged:  # CheckpointError is a ValueError
         kind = loader.detect(args.src)
         if args.to == "hf":
             if kind == "vlm" or (kind == "hf" and architectures.of_hf_dir(args.src)[0].is_vlm):
                 raise cli.BadInput(f"--to hf converts text LMs; {args.src} is a vision-language model")
             cfg, model, tok = loader.load_lm(args.src, dtype="float32")
-            path = hf.write_hf(args.out, cfg, model.params(), tok)
+            hf.write_hf(staged, cfg, model.params(), tok)
         elif kind == "hf":
-            path = vlm_checkpoint.convert_hf(args.src, args.out, dtype=args.dtype, overwrite=args.force,
-                                        progress=sys.stderr.isatty())
+            vlm_checkpoint.convert_hf(args.src, staged, dtype=args.dtype, progress=sys.stderr.isatty())
         else:
             cfg, params, tok, provenance = loader.read(args.src)
             cfg = lm_checkpoint.with_dtype(cfg, args.dtype)
             params = jax.tree.map(lambda a: jnp.asarray(a, cfg.param_dtype), params)
-            path = lm_checkpoint.save_lm(args.out, cfg, params, tok, provenance=provenance, overwrite=args.force)
-    print(path)
+            lm_checkpoint.save_lm(staged, cfg, params, tok, provenance=provenance)
+    print(args.out)
     return 0
 
 

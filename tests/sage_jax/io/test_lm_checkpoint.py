@@ -204,3 +204,24 @@ def test_convert_cli_process_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sage_jax.convert", str(tmp_path / "missing.gguf"), str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_convert_force_replaces_out_whole_and_a_failure_leaves_it(ckpt, tmp_path, capsys):
+    """--force never merges: a stale checkpoint inside OUT would shadow the new one. The new checkpoint is written
+    beside OUT and renamed into place; a run that fails (or is interrupted) leaves OUT as it was, and nothing
+    partial beside it."""
+    out = tmp_path / "out"
+    (out / "params").mkdir(parents=True)
+    (out / "params" / "stale").write_text("an older export")
+    (out / "metadata.json").write_text("{}")
+    assert convert.main([str(ckpt), str(out), "--to", "hf"]) == 2  # never without --force
+    assert "--force" in capsys.readouterr().err
+    assert convert.main([str(tmp_path / "missing.gguf"), str(out), "--force"]) == 2
+    capsys.readouterr()
+    assert (out / "params" / "stale").read_text() == "an older export" and (out / "metadata.json").read_text() == "{}"
+    assert convert.main([str(ckpt), str(out), "--force", "--to", "hf"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert not (out / "params").exists() and not (out / "metadata.json").exists()
+    cfg, model, _ = load_lm(out)  # the HF export alone
+    assert cfg.n_layers == CFG.n_layers
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no partial folder left beside it
