@@ -108,6 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Everything checkable before loading a model."""
+    if args.prompt is not None:
+        try:  # bytes that are not UTF-8 reach argv as lone surrogates (Python's surrogateescape)
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise cli.BadInput("--prompt is not valid UTF-8 text") from None
+        if not args.prompt.strip():
+            raise cli.BadInput("--prompt is empty")
     # Numbers are range-checked by their flags' types (`cli.integer`, `cli.number`); top-p excludes 0 besides.
     if args.top_p == 0.0:
         raise cli.BadInput(f"--top-p must be in (0, 1], got {args.top_p}")

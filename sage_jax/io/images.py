@@ -18,6 +18,8 @@ def load_image(path: str | os.PathLike):
     from PIL import Image, UnidentifiedImageError
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not an image file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such image file: {path}")
     try:
@@ -26,6 +28,8 @@ def load_image(path: str | os.PathLike):
             return im.convert("RGB")
     except UnidentifiedImageError:
         raise ValueError(f"{path} is not an image file this library can read") from None
+    except Image.DecompressionBombError:  # PIL's guard against a small file that decodes to gigabytes
+        raise ValueError(f"{path} is too large an image (over {Image.MAX_IMAGE_PIXELS:,} pixels)") from None
     except (OSError, SyntaxError) as e:  # PIL reports truncated or corrupt data as OSError / SyntaxError
         raise ValueError(f"{path} is not a readable image ({e})") from None
 
@@ -43,13 +47,15 @@ def load_frames(path: str | os.PathLike) -> np.ndarray:
     elif not os.path.isfile(path):
         raise FileNotFoundError(f"no such video file or frame directory: {path}")
     elif path.endswith(".npy"):
-        try:
-            frames = np.load(path, allow_pickle=False)
-        except ValueError as e:
+        try:  # mapped, not read: the header's shape and dtype are checked before anything is allocated
+            frames = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as e:  # a bad header, or a header that claims more data than the file holds
             raise ValueError(f"{path} is not a readable .npy array ({e})") from None
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
             raise ValueError(f"{path} holds {frames.dtype} {frames.shape}; frames must be uint8 [F, H, W, 3]")
-        return frames
+        if not frames.size:
+            raise ValueError(f"{path} holds no frames ({frames.shape})")
+        return np.array(frames)
     else:
         try:
             with Image.open(path) as im:
@@ -59,6 +65,8 @@ def load_frames(path: str | os.PathLike) -> np.ndarray:
                              f"directory of frames or a .npy array; mp4 needs decoding to frames first)") from None
         except (OSError, SyntaxError) as e:
             raise ValueError(f"{path} is not a readable video ({e})") from None
+    if not frames:
+        raise ValueError(f"{path} holds no frames")
     if len({f.shape for f in frames}) != 1:
         raise ValueError(f"the frames of {path} differ in size")
     return np.stack(frames)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -239,6 +240,44 @@ def test_bad_input_in_process_exits_2_with_one_line(case, tmp_path, capsys):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert out == ""
+
+
+def _hostile_files(root):
+    """A PNG whose header claims 30,000² pixels, a .npy whose header claims 10 PiB, a 0-frame clip, a folder named
+    like an image."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    (root / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0,
+                                                                                      0, 0))
+                                    + chunk(b"IDAT", zlib.compress(b"\0" * 100)) + chunk(b"IEND", b""))
+    header = "{'descr': '|u1', 'fortran_order': False, 'shape': (100000, 100000, 100000, 3), }"
+    header += " " * (63 - (len(header) + 10) % 64) + "\n"
+    magic = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header))
+    (root / "huge.npy").write_bytes(magic + header.encode() + b"\0" * 16)
+    np.save(root / "empty.npy", np.zeros((0, 32, 32, 3), np.uint8))
+    (root / "folder.png").mkdir()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--image", "{root}/bomb.png"], "too large an image"),
+    (["--video", "{root}/huge.npy"], "not a readable .npy array"),
+    (["--video", "{root}/empty.npy"], "holds no frames"),
+    (["--image", "{root}/folder.png"], "is a folder"),
+    (["--prompt", "caf\udcff"], "not valid UTF-8"),  # the byte 0xff as argv hands it to Python
+    (["--prompt", "  \n"], "--prompt is empty"),
+])
+def test_hostile_inputs_are_one_line_before_any_model_loads(argv, needle, tmp_path, capsys):
+    from sage_jax import generate
+
+    _hostile_files(tmp_path)
+    assert generate.main([a.format(root=tmp_path) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
     assert out == ""
 
 
