@@ -7,6 +7,10 @@ Layout of a checkpoint directory::
                          "config_class": "pkg.module.Class", "provenance": {...}, "params": {path: [shape, dtype]}}
       params/           Orbax (OCDBT) checkpoint of a pure nested dict of arrays
       ...               optional extra files (e.g. tokenizer.json) written by the caller
+      SHA256SUMS        `sha256  relative/path` of every file (but the rewritable acceptance.json): written with
+                        the checkpoint (`write_sums`; a caller that adds files writes it again), checked by every
+                        `restore` and `Reader` (`verify_sums`), so damaged or changed bytes are one line, not a crash
+                        or, worse, a model that runs on them
 
 The arrays are a plain nested ``dict[str, dict | Array]``, so downstream code restores them with nothing but
 ``jax`` and ``orbax.checkpoint``::
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -42,6 +47,90 @@ PARAMS_DIR = "params"
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, malformed, or does not fit the requested config (one-line message)."""
+
+
+SUMS_FILE = "SHA256SUMS"
+#: Files a checkpoint folder may rewrite after it is written (a draft's measured acceptance): never summed.
+REWRITABLE = ("acceptance.json",)
+
+
+def cache_dir() -> str:
+    """This project's cache ($SAGE_JAX_CACHE, else ~/.cache/sage_jax): compiled programs, remembered digests."""
+    return os.environ.get("SAGE_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sage_jax")
+
+
+def sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stamp(path: str) -> str:
+    """Identity of a file's current contents without reading it: path, size, mtime."""
+    st = os.stat(path)
+    return hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def verified_sha256(path: str | os.PathLike) -> str:
+    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once."""
+    path = os.fspath(path)
+    memo = os.path.join(cache_dir(), "sha256", stamp(path) + ".json")
+    if os.path.isfile(memo):
+        with open(memo) as f:
+            return json.load(f)["sha256"]
+    digest = sha256(path)
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        with open(memo, "w") as f:
+            json.dump({"path": os.path.realpath(path), "sha256": digest}, f)
+    except OSError:  # an unwritable cache only costs a re-read next time
+        pass
+    return digest
+
+
+def summed_files(path: str | os.PathLike) -> list[str]:
+    """The files of a checkpoint folder its SHA256SUMS lists: every one (sorted relative paths) but itself and the
+    rewritable ones."""
+    path = os.fspath(path)
+    rels = (os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
+    return sorted(r for r in rels if r != SUMS_FILE and os.path.basename(r) not in REWRITABLE)
+
+
+def write_sums(path: str | os.PathLike) -> str:
+    """Writes `path`/SHA256SUMS (`sha256  relative/path` per file of `summed_files`), atomically; returns it."""
+    path = os.fspath(path)
+    text = "".join(f"{verified_sha256(os.path.join(path, rel))}  {rel}\n" for rel in summed_files(path))
+    file = os.path.join(path, SUMS_FILE)
+    with open(file + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(file + ".tmp", file)
+    return file
+
+
+def read_sums(path: str | os.PathLike) -> dict[str, str] | None:
+    """relative path → sha256 from `path`/SHA256SUMS; None where the folder has none (written before sums)."""
+    file = os.path.join(os.fspath(path), SUMS_FILE)
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        return dict(reversed(ln.split("  ", 1)) for ln in f.read().splitlines() if ln.strip())
+
+
+def verify_sums(path: str | os.PathLike) -> None:
+    """`CheckpointError` (one line) unless every file `path`/SHA256SUMS lists is there with that digest (digests
+    remembered per file stamp: a second load reads nothing). Files it does not list (added later, e.g. a
+    datastore beside a draft) are not its business; a folder without sums passes."""
+    path = os.fspath(path)
+    want = read_sums(path)
+    for rel, digest in (want or {}).items():
+        file = os.path.join(path, rel)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"{file} is missing: the checkpoint {path} is incomplete (its {SUMS_FILE} lists it)")
+        if verified_sha256(file) != digest:
+            raise CheckpointError(f"{file} does not match its sha256 in {os.path.join(path, SUMS_FILE)}: the "
+                                  "checkpoint is damaged or was changed")
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -136,6 +225,7 @@ def save(
     if sharding.is_primary():
         with open(os.path.join(path, METADATA_FILE), "w") as f:
             json.dump(meta, f, indent=1)
+        write_sums(path)
     sharding.barrier(f"checkpoint {path}: written")  # no host reads it back before the metadata is there
     return path
 
@@ -237,6 +327,7 @@ class Writer:
                        "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}, f)
         with open(os.path.join(self._tmp, METADATA_FILE), "w") as f:
             json.dump(_metadata(kind, config, provenance, dict(sorted(self._shapes.items()))), f, indent=1)
+        write_sums(self._tmp)  # relative paths: valid after the move below
         if os.path.exists(self.path):
             shutil.rmtree(self.path)  # overwrite=True (checked on creation)
         os.replace(self._tmp, self.path)
@@ -270,6 +361,7 @@ class Reader:
 
         self.path = os.path.abspath(os.fspath(path))
         self.meta = read_metadata(self.path)
+        verify_sums(self.path)
         self._params = os.path.join(self.path, PARAMS_DIR)
         try:
             with open(os.path.join(self._params, "_METADATA")) as f:
@@ -349,11 +441,18 @@ def restore(path: str | os.PathLike, abstract: Mapping[str, Any] | None = None) 
 
     path = os.path.abspath(os.fspath(path))
     meta = read_metadata(path)
+    verify_sums(path)
     ckptr = ocp.StandardCheckpointer()
-    if abstract is None:
-        md = ckptr.metadata(os.path.join(path, PARAMS_DIR))
-        md = getattr(getattr(md, "item_metadata", md), "tree", md)
-        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # jax.devices()[0] is process 0's
-        abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md)
-    check_fits(meta, abstract)
-    return ckptr.restore(os.path.join(path, PARAMS_DIR), dict(abstract))
+    try:  # a folder without sums can still be truncated or damaged: Orbax's error, as one line naming it
+        if abstract is None:
+            md = ckptr.metadata(os.path.join(path, PARAMS_DIR))
+            md = getattr(getattr(md, "item_metadata", md), "tree", md)
+            dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # jax.devices()[0] is process 0's
+            abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md)
+        check_fits(meta, abstract)
+        return ckptr.restore(os.path.join(path, PARAMS_DIR), dict(abstract))
+    except CheckpointError:
+        raise
+    except (ValueError, OSError, KeyError, AttributeError, TypeError) as e:  # Orbax's ways of saying so
+        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"the checkpoint {path} is damaged or incomplete ({line})") from None

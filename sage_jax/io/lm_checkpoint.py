@@ -58,6 +58,7 @@ def save_lm(path: str | os.PathLike, cfg: LMConfig, params: Mapping[str, Any], t
                            stacked=("blocks",))
     if tokenizer is not None:
         tokenizer.save_pretrained(os.path.join(path, TOKENIZER_DIR))
+        checkpoint.write_sums(path)  # the tokenizer too
     return path
 
 

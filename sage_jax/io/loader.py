@@ -6,14 +6,13 @@ writes the result as our checkpoint under the cache dir and later loads restore 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
 import warnings
 
+from configs import checkpoint
 from sage_jax.io import architectures, gguf, hf, lm_checkpoint, vlm_checkpoint
 from sage_jax.models.causal_lm import CausalLM
 
@@ -22,39 +21,8 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
-def cache_dir() -> str:
-    return os.environ.get("SAGE_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sage_jax")
-
-
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _stamp(path: str) -> str:
-    """Identity of a file's current contents without reading it: path, size, mtime."""
-    st = os.stat(path)
-    return hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
-def verified_sha256(path: str | os.PathLike) -> str:
-    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once."""
-    path = os.fspath(path)
-    memo = os.path.join(cache_dir(), "sha256", _stamp(path) + ".json")
-    if os.path.isfile(memo):
-        with open(memo) as f:
-            return json.load(f)["sha256"]
-    digest = sha256(path)
-    try:
-        os.makedirs(os.path.dirname(memo), exist_ok=True)
-        with open(memo, "w") as f:
-            json.dump({"path": os.path.realpath(path), "sha256": digest}, f)
-    except OSError:  # an unwritable cache only costs a re-read next time
-        pass
-    return digest
+# The digests and the cache they are remembered in are the checkpoint format's (`configs.checkpoint`).
+cache_dir, sha256, verified_sha256 = checkpoint.cache_dir, checkpoint.sha256, checkpoint.verified_sha256
 
 
 def default_target() -> str:
@@ -78,27 +46,13 @@ def default_target() -> str:
 DEFAULT_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "smollm2_eagle")
 
 
-MANIFEST = "SHA256SUMS"
+MANIFEST = checkpoint.SUMS_FILE
 
 
 def write_manifest(path: str | os.PathLike) -> str:
     """Writes `path`/SHA256SUMS: the sha256 of every file of a checkpoint directory (sorted relative paths; the
     rewritable acceptance.json files left out). Returns the manifest's path."""
-    path = os.fspath(path)
-    lines = []
-    for rel in _files(path):
-        lines.append(f"{sha256(os.path.join(path, rel))}  {rel}")
-    file = os.path.join(path, MANIFEST)
-    with open(file + ".tmp", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(file + ".tmp", file)
-    return file
-
-
-def _files(path: str) -> list[str]:
-    # acceptance.json is left out wherever it sits: the VLM asset keeps its draft's at draft/acceptance.json.
-    rels = (os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
-    return sorted(r for r in rels if r != MANIFEST and os.path.basename(r) != lm_checkpoint.ACCEPTANCE_FILE)
+    return checkpoint.write_sums(path)
 
 
 def verify_manifest(path: str | os.PathLike) -> None:
@@ -106,11 +60,10 @@ def verify_manifest(path: str | os.PathLike) -> None:
     remembered per file stamp, so a second check reads nothing)."""
     path = os.fspath(path)
     file = os.path.join(path, MANIFEST)
-    if not os.path.isfile(file):
+    want = checkpoint.read_sums(path)
+    if want is None:
         raise ValueError(f"{path} has no {MANIFEST}")
-    with open(file) as f:
-        want = dict(reversed(ln.split("  ", 1)) for ln in f.read().splitlines() if ln.strip())
-    have = _files(path)
+    have = checkpoint.summed_files(path)
     if sorted(want) != have:
         extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
         raise ValueError(f"{path} does not match its {MANIFEST}: unlisted {extra[:3]}, missing {missing[:3]}")
@@ -187,7 +140,7 @@ def cache_path(path: str | os.PathLike) -> str:
     """Where the conversion cache keeps GGUF file `path` (keyed by path, size and mtime)."""
     path = os.path.abspath(os.fspath(path))
     stem = os.path.splitext(os.path.basename(path))[0]
-    return os.path.join(cache_dir(), "lm", f"{stem}-{_stamp(path)}")
+    return os.path.join(cache_dir(), "lm", f"{stem}-{checkpoint.stamp(path)}")
 
 
 def _save_atomically(out: str, cfg, params, tok, provenance) -> None:

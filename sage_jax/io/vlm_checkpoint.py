@@ -190,6 +190,7 @@ def convert_hf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str | N
     if tok is not None:
         tok.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     _copy_processor_files(src, path)
+    checkpoint.write_sums(path)  # the tokenizer and processor files too
     return path
 
 
@@ -208,6 +209,7 @@ def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: 
         model.tokenizer.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     if model.processor_dir is not None:
         _copy_processor_files(model.processor_dir, path)
+    checkpoint.write_sums(path)
     return path
 
 
@@ -231,6 +233,7 @@ def save_adapter(out: str | os.PathLike, cfg, params: dict, tokenizer, processor
                                      "language_model": DEFAULT_LM}, kind=VLM_KIND, provenance=provenance or {})
     tokenizer.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     _copy_processor_files(processor_dir, path)
+    checkpoint.write_sums(path)
     return path
 
 

@@ -123,3 +123,44 @@ def test_writer_writes_the_same_checkpoint(tmp_path, devices):
         w.put("embed", params["embed"])
         raise RuntimeError("tensor file truncated")
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+def _largest_file(folder):
+    files = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]
+    return max(files, key=os.path.getsize)
+
+
+def test_every_checkpoint_carries_its_sums_and_every_load_checks_them(tmp_path, monkeypatch):
+    """Saved by `save` and by `Writer`: SHA256SUMS lists metadata.json and every file under params/; a flipped byte
+    or a truncated file is a one-line `CheckpointError` from `restore` and from `Reader` (not garbage, not Orbax's
+    traceback); a file added later beside the checkpoint is not a damage."""
+    monkeypatch.setenv("SAGE_JAX_CACHE", str(tmp_path / "cache"))  # digests remembered per stamp: a fresh memo
+    params = {"w": np.arange(4096, dtype=np.float32).reshape(64, 64)}
+    a = checkpoint.save(tmp_path / "a", params)
+    with checkpoint.Writer(tmp_path / "b") as w:
+        w.put("w", params["w"])
+        b = w.commit()
+    for path in (a, b):
+        sums = checkpoint.read_sums(path)
+        assert "metadata.json" in sums and any(r.startswith("params/") for r in sums)
+        assert sorted(sums) == checkpoint.summed_files(path)
+        (tmp_path / "extra").write_text("")
+        os.replace(tmp_path / "extra", os.path.join(path, "datastore.npz"))  # added later: not its business
+        np.testing.assert_array_equal(np.asarray(checkpoint.restore(path)["w"]), params["w"])
+    victim = _largest_file(os.path.join(a, "params"))
+    data = bytearray(open(victim, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(victim, "wb").write(bytes(data))
+    for load in (checkpoint.restore, checkpoint.Reader):
+        with pytest.raises(checkpoint.CheckpointError, match="does not match its sha256") as e:
+            load(a)
+        assert "\n" not in str(e.value)
+    victim = _largest_file(os.path.join(b, "params"))
+    os.truncate(victim, 10)
+    with pytest.raises(checkpoint.CheckpointError, match="does not match its sha256"):
+        checkpoint.restore(b)
+    # Without sums (a checkpoint written before them) a truncated file is still one line, from Orbax's error.
+    os.remove(os.path.join(b, checkpoint.SUMS_FILE))
+    with pytest.raises(checkpoint.CheckpointError, match="damaged or incomplete") as e:
+        checkpoint.restore(b)
+    assert "\n" not in str(e.value)

@@ -119,7 +119,7 @@ def test_load_and_convert_give_the_reference_logits(hf_vlm, tmp_path, rel_err, c
     out = tmp_path / "ckpt"
     assert convert.main([path, str(out)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
-    assert sorted(os.listdir(out)) == ["metadata.json", "params", "processor", "tokenizer"]
+    assert sorted(os.listdir(out)) == ["SHA256SUMS", "metadata.json", "params", "processor", "tokenizer"]
     converted = sage_jax.load(out)
     again = converted.inputs("Describe the pictures.", images=images)
     assert all(np.array_equal(again[k], inputs[k]) for k in inputs)
