@@ -180,6 +180,54 @@ def replacing(path: str) -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+SETTINGS_FILE = "settings.json"
+
+
+def settled(path: str, settings: Mapping, *, restart: bool = False, free: Sequence[str] = (),
+            flag: str = "--workdir") -> None:
+    """Makes a work folder know what it holds: the first run records `settings` (plain JSON data: the recipe and the
+    flags that shape the work) in `path`/settings.json; a later run with other settings is refused in one line
+    naming the first difference (its work would mix with theirs, or be silently reused), unless `restart`, which
+    empties the folder and starts over. Keys in `free` (dotted, e.g. ``eagle.train.steps``) may change between runs
+    (a longer schedule resumes)."""
+    import json
+    import shutil
+
+    file = os.path.join(path, SETTINGS_FILE)
+    settings = json.loads(json.dumps(settings, default=str))  # as stored: tuples are lists
+    want = _flat(settings)
+    if restart and os.path.isdir(path):
+        shutil.rmtree(path)
+    if os.path.isfile(file):
+        try:
+            with open(file) as f:
+                have = _flat(json.load(f))
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{file} is unreadable ({first_line(e)}); pass --restart to start over") from None
+        for key in sorted(set(want) | set(have)):
+            if key in free or any(key.startswith(k + ".") for k in free):
+                continue
+            if want.get(key) != have.get(key):
+                raise BadInput(f"{path} holds work made with {key}={have.get(key)!r}, this run asks "
+                               f"{want.get(key)!r}: pass --restart to start over, or choose another {flag}")
+    # A folder with work but no settings.json was made before work folders recorded them: it resumes as made with
+    # this run's settings (as it always did), and is checked from now on.
+    os.makedirs(path, exist_ok=True)
+    with open(file + ".tmp", "w") as f:
+        json.dump(settings, f, indent=1, sort_keys=True, default=str)
+    os.replace(file + ".tmp", file)
+
+
+def _flat(tree: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def work_folder(path: str, flag: str = "--workdir") -> None:
     """Checks a work folder before any work: not a file, and writable (or creatable)."""
     if os.path.lexists(path) and not os.path.isdir(path):

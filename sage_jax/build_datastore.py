@@ -33,6 +33,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--workdir", default="runs/datastore", help="answers.jsonl is kept here (resumable)")
     ap.add_argument("--out", metavar="DIR", help="where datastore.npz goes (default: WORKDIR)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing datastore.npz")
+    ap.add_argument("--restart", action="store_true",
+                    help="empty WORKDIR and answer again (a rerun with other settings is refused without it)")
     ap.add_argument("--batch", type=cli.integer(1, 4096), default=32, help="prompts per compiled batch")
     ap.add_argument("--max-new-tokens", type=cli.integer(1, cli.MAX_TOKENS), default=96)
     ap.add_argument("--length", type=cli.integer(1, 1024), default=8,
@@ -47,17 +49,21 @@ def _main(argv: list[str] | None) -> int:
     out = args.out or args.workdir
     cli.work_folder(args.workdir)
     cli.output_dir(out, "--out", args.force, ("datastore.npz",))
-    os.makedirs(args.workdir, exist_ok=True)
-    os.makedirs(out, exist_ok=True)
     from tqdm import tqdm
 
     from sage_jax.decoding import datastore
 
     path = os.path.join(args.workdir, "answers.jsonl")
     lines = read_answer_lines(path)
-    if lines and (args.prompts == "self") != ("text" in lines[0]):
+    if lines and (args.prompts == "self") != ("text" in lines[0]) and not args.restart:
         raise cli.BadInput(f"{path} holds answers to {'self' if 'text' in lines[0] else 'wordnet'} prompts, not "
                            f"--prompts {args.prompts}: use another --workdir")
+    # The answers in WORKDIR are reused: only answers made the same way (more of them is fine).
+    cli.settled(args.workdir, {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+                               "temperature": args.temperature if args.prompts == "self" else None},
+                restart=args.restart)
+    os.makedirs(out, exist_ok=True)
+    lines = read_answer_lines(path)  # none after --restart
     have = read_answers(path)
     engine = None
     if len(have) < args.answers:

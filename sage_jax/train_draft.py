@@ -22,6 +22,8 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>[_ARG])")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set eagle.train.steps=10 (repeatable)")
+    p.add_argument("--restart", action="store_true",
+                   help="empty WORKDIR and start over (a rerun with other settings is refused without it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     p.add_argument("--export-step", default=None, metavar="N|latest",
                    help="write the EAGLE head of training checkpoint N (or the latest) to WORKDIR/eagle_head_stepN "
@@ -43,10 +45,18 @@ def _main(argv: list[str] | None) -> int:
         with cli.reported(ValueError, FileNotFoundError):
             print(json.dumps({"path": distillation.export_head(recipe, workdir, step)}))
         return 0
+    # The work folder knows its recipe: other data, vocabulary or model settings would mix with (or silently reuse)
+    # the work already there; a longer schedule resumes.
+    cli.settled(workdir, {"recipe": recipe.to_json()}, restart=args.restart,
+                free=[f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in FREE_TRAIN])
     with cli.reported(ValueError, FileNotFoundError):  # e.g. a target path that does not exist
         summary = distillation.run(recipe, workdir, progress=not args.no_progress)
     print(json.dumps(summary, default=str))
     return 0
+
+
+#: Training fields a rerun may change on the same work folder: the schedule's length and how often it reports.
+FREE_TRAIN = ("steps", "eval_every", "ckpt_every", "log_every")
 
 
 def main(argv: list[str] | None = None) -> int:

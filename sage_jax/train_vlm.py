@@ -26,6 +26,8 @@ def _main(argv: list[str] | None) -> int:
                    help="override a recipe field, e.g. --set align.steps=10 (repeatable)")
     p.add_argument("--heldout", type=cli.integer(1, 10_000), default=100, metavar="N",
                    help="held-out Fashion-MNIST test images answered at the end (default 100)")
+    p.add_argument("--restart", action="store_true",
+                   help="empty WORKDIR and start over (a rerun with other settings is refused without it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     missing = [name for name, mod in (("scikit-learn", "sklearn"), ("scikit-image", "skimage"))
@@ -42,6 +44,9 @@ def _main(argv: list[str] | None) -> int:
     from sage_jax.training import vlm_stages
 
     cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
+    stages = [k for k, v in recipe.to_json().items() if isinstance(v, dict) and "steps" in v]
+    cli.settled(workdir, {"recipe": recipe.to_json()}, restart=args.restart,
+                free=[f"recipe.{s}.{f}" for s in stages for f in ("steps", "ckpt_every", "eval_every")])
     with cli.reported(ValueError, FileNotFoundError):
         summary = vlm_stages.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
     print(json.dumps(summary, default=str))

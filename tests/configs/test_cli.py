@@ -205,3 +205,24 @@ def test_every_sage_recipe_loads_as_its_kind():
     assert (device.eagle.train.batch_size, device.eagle.train.steps) == (64, 6000)
     with pytest.raises(cli.BadInput, match="unknown stage 'chat4'"):
         cli.load_config("smollm2_eagle:chat4", "configs.sage", DraftRecipe)
+
+
+def test_a_work_folder_knows_its_settings(tmp_path, capsys):
+    work = tmp_path / "w"
+    cli.settled(str(work), {"recipe": {"data": {"n_train": 48}, "train": {"steps": 10}}, "kinds": ("eagle",)})
+    (work / "rows.npy").write_text("work")
+    # The same settings (a tuple stored as a list), or another value of a free key: resumed.
+    cli.settled(str(work), {"recipe": {"data": {"n_train": 48}, "train": {"steps": 20}}, "kinds": ["eagle"]},
+                free=["recipe.train.steps"])
+    with pytest.raises(cli.BadInput, match=r"recipe.data.n_train=48, this run asks 96: pass --restart"):
+        cli.settled(str(work), {"recipe": {"data": {"n_train": 96}, "train": {"steps": 20}}, "kinds": ["eagle"]})
+    assert (work / "rows.npy").read_text() == "work"  # refused: nothing touched
+    cli.settled(str(work), {"recipe": {"data": {"n_train": 96}}}, restart=True)
+    assert sorted(p.name for p in work.iterdir()) == [cli.SETTINGS_FILE]  # started over
+    old = tmp_path / "old"  # made before work folders recorded settings: resumed, and checked from now on
+    old.mkdir()
+    (old / "ckpt").write_text("x")
+    cli.settled(str(old), {"a": 1})
+    assert (old / "ckpt").exists() and capsys.readouterr().err == ""
+    with pytest.raises(cli.BadInput, match="a=1, this run asks 2"):
+        cli.settled(str(old), {"a": 2})

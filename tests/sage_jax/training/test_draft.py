@@ -426,6 +426,8 @@ CLI_BAD = [
     (("--config", "tiny", "--set", "eagle.train.nope=1"), "unknown config key"),
     (("--config", "tiny", "--set", "eagle.train.steps=abc"), "expected int"),
     (("--config", "tiny", "--set", "kinds=medusa"), "not one of"),
+    (("--config", "tiny", "--set", "eagle.train.steps=-5"), "must be ≥ 1"),
+    (("--config", "tiny", "--set", "eagle.train.lr=nan"), "eagle.train.lr"),
 ]
 
 
@@ -479,3 +481,25 @@ def test_shipped_draft_is_small_and_matches_the_default_target():
     assert cfg.n_layers == 1 and cfg.d_model == 576 and sum(x.size for x in jax.tree.leaves(params)) > 1_000_000
     assert vocab_ids is not None and len(np.unique(vocab_ids)) == len(vocab_ids) == meta["config"]["vocab_size"]
     assert set(target.eos_token_ids) <= set(np.asarray(vocab_ids).tolist())
+
+
+def test_a_rerun_with_other_data_settings_is_refused(tmp_path, capsys, monkeypatch):
+    """The work folder records its recipe: a rerun with more training prompts would train on the old rows (and
+    record the new setting in the head's provenance); it is refused in one line, the folder untouched. A longer
+    schedule is not a different recipe."""
+    from configs import cli
+    from sage_jax import train_draft
+    from sage_jax.training.recipe import DraftRecipe
+
+    monkeypatch.chdir(ROOT)
+    work = tmp_path / "w"
+    recipe = cli.load_config("tiny", "configs.sage", DraftRecipe)
+    cli.settled(str(work), {"recipe": recipe.to_json()})
+    assert train_draft.main(["--config", "tiny", "--set", f"data.n_train={recipe.data.n_train * 2}", "--workdir",
+                             str(work)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"recipe.data.n_train={recipe.data.n_train}, this run asks" in err
+    assert sorted(p.name for p in work.iterdir()) == [cli.SETTINGS_FILE]
+    free = [f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in train_draft.FREE_TRAIN]
+    longer = cli.load_config("tiny", "configs.sage", DraftRecipe, overrides=["eagle.train.steps=999"])
+    cli.settled(str(work), {"recipe": longer.to_json()}, free=free)  # resumes: no error
