@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import os
+import zipfile
 from collections.abc import Sequence
 
 import flax.struct
@@ -157,8 +158,12 @@ def load(directory: str) -> Datastore | None:
     path = directory if directory.endswith(".npz") else os.path.join(directory, FILE)
     if not os.path.isfile(path):
         return None
-    with np.load(path) as f:
-        n_min, n_max = (int(v) for v in f["n_range"])
-        return Datastore(corpus=jnp.asarray(f["corpus"], jnp.int32), keys=jnp.asarray(f["keys"], jnp.uint32),
-                         at=jnp.asarray(f["at"], jnp.int32), n_min=n_min, n_max=n_max)
+    try:  # never unpickled: a file that is not our .npz is refused, whatever numpy would suggest
+        with np.load(path, allow_pickle=False) as f:
+            n_min, n_max = (int(v) for v in f["n_range"])
+            return Datastore(corpus=jnp.asarray(f["corpus"], jnp.int32), keys=jnp.asarray(f["keys"], jnp.uint32),
+                             at=jnp.asarray(f["at"], jnp.int32), n_min=n_min, n_max=n_max)
+    except (ValueError, OSError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path} is not a readable datastore (build_datastore's .npz of corpus, keys, at and "
+                         f"n_range; {type(e).__name__})") from None
 

@@ -162,7 +162,16 @@ def read_gguf(path: str | os.PathLike) -> tuple[LMConfig, hf.Params, Any, str | 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such GGUF file: {path}")
-    reader = GGUFReader(path)
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError) as e:
+        raise ValueError(f"{path} is not a readable GGUF file, truncated or damaged ({type(e).__name__}: "
+                         f"{e})") from None
+    # The reader maps the file: tensors past its end come back short. A truncated download is named as such.
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > os.path.getsize(path):
+        raise ValueError(f"{path} is truncated: its tensors need {end:,} bytes, the file has "
+                         f"{os.path.getsize(path):,}")
     cfg = read_config(reader)
     params = hf.to_params(cfg, _tensors(reader, cfg, _field(reader, "general.architecture")))
     tokenizer = read_tokenizer(reader)

@@ -109,3 +109,10 @@ def test_datastore_chains_are_lossless_and_accepted(engine_and_store):
         engine.generate(prompts, policy=TreePolicy.sage(n_max=16, frontier=4), budget=(0, 4))
     with pytest.raises(ValueError, match="datastore chain needs retrieval"):
         TreePolicy.sage(datastore=True)
+
+
+def test_a_damaged_datastore_is_one_line_and_never_unpickled(tmp_path):
+    (tmp_path / datastore.FILE).write_bytes(b"\x80\x04junk, not a zip")
+    with pytest.raises(ValueError, match="is not a readable datastore") as e:
+        datastore.load(str(tmp_path))
+    assert "allow_pickle" not in str(e.value) and "pickle" not in str(e.value)

@@ -119,3 +119,16 @@ def test_gguf_conversion_cache(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="conversion cache unusable"):
         third = load_lm(tmp_path / "tiny.gguf")
     assert third[0] == first[0]
+
+
+def test_a_truncated_gguf_names_the_file(tmp_path):
+    """A download cut short: one line naming the file, not numpy's reshape error alone."""
+    cfg = LMConfig.tiny(norm_eps=1e-6).replace(max_position=256, eos_token_ids=(1,), pad_token_id=1)
+    params = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)))
+    _write_gguf(tmp_path / "tiny.gguf", "qwen2", cfg, params)
+    data = (tmp_path / "tiny.gguf").read_bytes()
+    for cut in (len(data) // 2, len(data) - 100):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=r"cut\.gguf .*(truncated|is not a readable GGUF)") as e:
+            our_gguf.read_gguf(tmp_path / "cut.gguf")
+        assert "\n" not in str(e.value)
