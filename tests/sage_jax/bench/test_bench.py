@@ -56,9 +56,12 @@ def test_prompts_file_replaces_the_set(tmp_path, capsys):
 def test_quick_run_end_to_end(tmp_path, cache_dir):
     # A separate process, as CI users run it: the torch baselines' thread pools and the run's compiled programs
     # stay out of the test session (a long session segfaulted once in a later XLA compile with them loaded).
+    scratch = tmp_path / "tmp"  # the run's temporary folders (transformers' export of the target) go here
+    scratch.mkdir()
     proc = subprocess.run([sys.executable, "-m", "sage_jax.bench", "--quick", "--no-progress", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("sage_bench_hf_")]  # removed on exit
     out = proc.stdout
     assert "| method | tok/s |" in out and "| sage |" in out and "| hf-assisted |" in out
     with open(os.path.join(tmp_path, "bench.json")) as fh:
