@@ -71,3 +71,58 @@ def test_attack_cli_reads_a_tfds_dataset(tfds_dir, tmp_path, capsys):
             "--out", str(tmp_path / "o"), "--json"]
     assert attack.main(argv) == 0
     assert '"results"' in capsys.readouterr().out
+
+
+def _catalogue_offline(name, data_dir, images, labels):
+    """Prepares the tensorflow-datasets catalogue's own `name` (its builder: name, version, features, PNG-encoded
+    images) in `data_dir` from offline images instead of its download: what `prepare_data NAME` leaves on a machine
+    with network, made here without network or TensorFlow (the PNGs encoded by PIL)."""
+    import io
+
+    import tensorflow_datasets as tfds
+    from PIL import Image
+
+    base = tfds.builder_cls(name)
+
+    def png(x):
+        buf = io.BytesIO()
+        Image.fromarray(x).save(buf, "PNG")
+        return buf.getvalue()
+
+    def split_generators(self, dl_manager):
+        del dl_manager  # nothing downloaded
+        return {"test": self._generate_examples(None)}
+
+    def generate_examples(self, _):
+        for i, (x, y) in enumerate(zip(images, labels, strict=True)):
+            row = {"image": png(x), "label": int(y)}
+            if name == "cifar100":
+                row.update(id=f"test_{i:05d}", coarse_label=int(y) // 5)
+            yield i, row
+
+    cls = type(base.__name__, (base,), {"name": name, "_split_generators": split_generators,
+                                         "_generate_examples": generate_examples, "__module__": __name__},
+               skip_registration=True)
+    cls(data_dir=data_dir, file_format="array_record").download_and_prepare()
+
+
+@pytest.mark.parametrize("name,side,classes", [("cifar100", 32, 100), ("stl10", 96, 10)])
+def test_catalogue_loaders_read_what_prepare_data_leaves(tmp_path, name, side, classes):
+    """CIFAR-100 and STL-10 through the same path as on a machine that prepared them (`tfds.builder(name)` reading
+    the catalogue's records: PNG images decoded by PIL, its class count), from 6 offline colour patches resized to
+    the data set's size (the attack CLI reads a tfds dataset by name: `test_attack_cli_reads_a_tfds_dataset`)."""
+    from PIL import Image
+
+    from pgla_jax import patches
+
+    src = patches.skimage_patches(n=6, seed=3)
+    images = np.stack([np.asarray(Image.fromarray(np.round(x * 255).astype(np.uint8)).resize((side, side)))
+                       for x in src.images])
+    labels = np.asarray(src.labels) % classes
+    _catalogue_offline(name, str(tmp_path), images, labels)
+    ds = tfds_sources.load(name, "test", str(tmp_path))
+    assert ds.images.shape == (6, side, side, 3) and ds.num_classes == classes
+    # Shuffled on write, as the catalogue's builders are; PNG is lossless: each record is one of the images, whole.
+    order = [next(j for j in range(6) if np.array_equal(x, images[j].astype(np.float32) / 255.0)) for x in ds.images]
+    assert sorted(order) == list(range(6))
+    np.testing.assert_array_equal(ds.labels, labels[order])
