@@ -175,7 +175,12 @@ def replacing(path: str) -> Iterator[str]:
         old = os.path.join(scratch, "old")
         if os.path.lexists(path):
             os.rename(path, old)
-        os.rename(staged, path)
+        try:
+            os.rename(staged, path)
+        except BaseException:
+            if os.path.lexists(old):
+                os.rename(old, path)  # the earlier output stays, never lost with the scratch folder
+            raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
