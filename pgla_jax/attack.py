@@ -203,6 +203,8 @@ def _main(argv) -> int:
     per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) - (experiment.AWARE in attacked) + aware
                                                           + args.jitter + (args.jitter > 0 and "none" not in attacked))
     total = (cfg.num_images // cfg.batch_size) * per_image
+    # What produced the results, taken as the run starts: the checkout may move on while it runs.
+    record = provenance.record("python -m pgla_jax.attack", argv, checkpoints(ckpt))
     with tqdm(total=total, desc=f"{cfg.attack.kind} attacks", file=sys.stderr) as bar:
         outcome = experiment.run(cfg, ds, progress=bar.update, denoisers=dens, settings=settings, names=names,
                                  attacked=attacked, jitter=args.jitter)
@@ -210,7 +212,6 @@ def _main(argv) -> int:
         experiment.save_figure(outcome.panels[(n, c)], outcome.psnr[(n, c)], figure,
                                title=f"{cfg.attack.kind} on {cfg.victim.kind}/{cfg.data.name}, {n} noise, "
                                      f"{c} calibration")
-    record = provenance.record("python -m pgla_jax.attack", argv, checkpoints(ckpt))
     result = {"results": outcome.rows, "clean": outcome.clean, "figure": figures[0], "figures": figures,
               "denoiser_checkpoint": dens.path, "provenance": record}
     table = markdown(outcome.rows, outcome.clean)

@@ -121,10 +121,11 @@ def _main(argv: list[str] | None) -> int:
                 raise cli.BadInput(f"--datastore: {args.datastore} holds no {datastore.FILE}")
         if args.datastore is not None and engine.datastore is None:
             raise cli.BadInput("--datastore: the draft has no datastore.npz; give its directory (--datastore DIR)")
+    # What produced the results (commit, command, the draft's sha256, CPU), taken as the run starts.
+    record = provenance.record("python -m sage_jax.evaluate_draft", argv, {"draft": draft_path})
     res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images, policy_kw=policy_kw)
     print(table(res))
-    if args.out:  # with what produced it: commit, command, the draft's sha256, CPU
-        record = provenance.record("python -m sage_jax.evaluate_draft", argv, {"draft": draft_path})
+    if args.out:
         with open(args.out, "w") as f:
             json.dump({"provenance": record, "prompts": source, "draft": engine.description, "results": res}, f,
                       indent=1)

@@ -15,7 +15,8 @@ from pgla_jax.config import ProtectionConfig
 from pgla_jax.inversion.dlg import Recovery
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPS_TABLE = os.path.join(ROOT, "benchmarks", "pgla", "results", "eps_table", "results.json")
+EPS_TABLES = {name: os.path.join(ROOT, "benchmarks", "pgla", "results", name, "results.json")
+              for name in ("eps_table", "eps_table_colour")}
 
 
 def _digit(mnist, i):
@@ -81,11 +82,13 @@ def test_aware_base_is_the_best_available_denoiser():
     assert experiment.aware_base(("none", "wiener")) is None
 
 
-def test_committed_eps_table_the_default_path_never_costs_the_attack():
+@pytest.mark.parametrize("table", sorted(EPS_TABLES))
+def test_committed_eps_table_the_default_path_never_costs_the_attack(table):
     """benchmarks/pgla/results/eps_table (8 MNIST digits, DLG, paper calibration, ε 0.5-10 × Gaussian/Laplace, 4
-    more random starts for the jitter): through `attack_aware` DLG is never worse than from the protected gradient by
-    more than the attack's own jitter, strictly better wherever t* > 0, and at Laplace ε = 1 and 1.5 not below it."""
-    with open(EPS_TABLE) as f:
+    more random starts for the jitter) and eps_table_colour (4 colour patches, the 32×32×3 LeNet, 2 more starts):
+    through `attack_aware` DLG is never worse than from the protected gradient by more than the attack's own jitter,
+    strictly better wherever t* > 0, and at Laplace ε = 1 and 1.5 not below it."""
+    with open(EPS_TABLES[table]) as f:
         res = json.load(f)
     assert res["provenance"]["command"].startswith("python -m pgla_jax.attack")
     rows = {(r["noise"], r["epsilon"], r["denoiser"]): r for r in res["results"]}
