@@ -203,7 +203,9 @@ def settled(path: str, settings: Mapping, *, restart: bool = False, free: Sequen
     want = _flat(settings)
     if restart and os.path.isdir(path):
         shutil.rmtree(path)
-    if os.path.isfile(file):
+    # Settings alone (a run that failed before any work, e.g. on a mistyped path) hold nothing to protect.
+    work = os.path.isdir(path) and any(name != SETTINGS_FILE for name in os.listdir(path))
+    if work and os.path.isfile(file):
         try:
             with open(file) as f:
                 have = _flat(json.load(f))

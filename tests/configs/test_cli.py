@@ -219,6 +219,7 @@ def test_a_work_folder_knows_its_settings(tmp_path, capsys):
     assert (work / "rows.npy").read_text() == "work"  # refused: nothing touched
     cli.settled(str(work), {"recipe": {"data": {"n_train": 96}}}, restart=True)
     assert sorted(p.name for p in work.iterdir()) == [cli.SETTINGS_FILE]  # started over
+    cli.settled(str(work), {"recipe": {"data": {"n_train": 7}}})  # no work yet (a run that failed at once): free
     old = tmp_path / "old"  # made before work folders recorded settings: resumed, and checked from now on
     old.mkdir()
     (old / "ckpt").write_text("x")

@@ -495,11 +495,12 @@ def test_a_rerun_with_other_data_settings_is_refused(tmp_path, capsys, monkeypat
     work = tmp_path / "w"
     recipe = cli.load_config("tiny", "configs.sage", DraftRecipe)
     cli.settled(str(work), {"recipe": recipe.to_json()})
+    (work / "data").mkdir()  # the work a first run left
     assert train_draft.main(["--config", "tiny", "--set", f"data.n_train={recipe.data.n_train * 2}", "--workdir",
                              str(work)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"recipe.data.n_train={recipe.data.n_train}, this run asks" in err
-    assert sorted(p.name for p in work.iterdir()) == [cli.SETTINGS_FILE]
+    assert sorted(p.name for p in work.iterdir()) == ["data", cli.SETTINGS_FILE]
     free = [f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in train_draft.FREE_TRAIN]
     longer = cli.load_config("tiny", "configs.sage", DraftRecipe, overrides=["eagle.train.steps=999"])
     cli.settled(str(work), {"recipe": longer.to_json()}, free=free)  # resumes: no error
