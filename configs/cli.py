@@ -158,6 +158,20 @@ def output_dir(path: str, flag: str, force: bool = False, outputs: Sequence[str]
 
 
 @contextlib.contextmanager
+def written(path: str, mode: str = "w") -> Iterator:
+    """An output file opened beside `path` and renamed onto it when the block ends without error: an interrupted or
+    failed write never leaves a torn file that a rerun or a reader would trust (the partial one is removed)."""
+    partial = f"{path}.partial-{os.getpid()}"
+    try:
+        with open(partial, mode) as f:
+            yield f
+        os.replace(partial, path)
+    finally:
+        if os.path.lexists(partial):
+            os.remove(partial)
+
+
+@contextlib.contextmanager
 def replacing(path: str) -> Iterator[str]:
     """An output written beside `path` and put in its place only when complete: yields a fresh path in the same
     folder (nothing there yet) for the writer; on success whatever was at `path` is replaced by it (renames, then the

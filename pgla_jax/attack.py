@@ -215,9 +215,9 @@ def _main(argv) -> int:
     result = {"results": outcome.rows, "clean": outcome.clean, "figure": figures[0], "figures": figures,
               "denoiser_checkpoint": dens.path, "provenance": record}
     table = markdown(outcome.rows, outcome.clean)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with cli.written(os.path.join(args.out, "results.md")) as f:
         f.write(provenance.markdown(record) + "\n\n" + table + "\n")
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with cli.written(os.path.join(args.out, "results.json")) as f:
         json.dump(result, f, indent=1)
     if args.json:
         print(json.dumps(result))

@@ -126,7 +126,7 @@ def _main(argv: list[str] | None) -> int:
     res = evaluate(engine, ids, policies, args.max_new_tokens, batch=args.batch, images=images, policy_kw=policy_kw)
     print(table(res))
     if args.out:
-        with open(args.out, "w") as f:
+        with cli.written(args.out) as f:
             json.dump({"provenance": record, "prompts": source, "draft": engine.description, "results": res}, f,
                       indent=1)
     if args.write_prior:

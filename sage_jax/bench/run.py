@@ -11,6 +11,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from configs import cli
 from configs import provenance as provenance_lib
 from sage_jax.bench.methods import Method
 
@@ -126,13 +127,13 @@ def provenance(argv: list[str] | None, draft: str | None) -> dict:
 
 def write_table(path: str, title: str, record: dict, table: str) -> None:
     """`table.md`: the run's title, its provenance and the Markdown table."""
-    with open(path, "w") as fh:
+    with cli.written(path) as fh:
         fh.write(f"{title}\n\n{provenance_lib.markdown(record)}\n\n{table}\n")
 
 
 def write_json(path: str, rows: list[dict], results: dict, meta: dict, per_kind: dict | None = None) -> None:
     per_method = {name: {"alpha_traces": [x["alpha_trace"] for x in r["runs"]],
                          "tau_traces": [x["tau_trace"] for x in r["runs"]]} for name, r in results.items()}
-    with open(path, "w") as fh:
+    with cli.written(path) as fh:  # rewritten after every prompt: never torn by Ctrl-C
         json.dump({"meta": meta, "rows": rows, "by_kind": per_kind, "traces": per_method,
                    "time": time.strftime("%Y-%m-%d %H:%M:%S")}, fh, indent=1, default=str)

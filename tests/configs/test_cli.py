@@ -227,3 +227,15 @@ def test_a_work_folder_knows_its_settings(tmp_path, capsys):
     assert (old / "ckpt").exists() and capsys.readouterr().err == ""
     with pytest.raises(cli.BadInput, match="a=1, this run asks 2"):
         cli.settled(str(old), {"a": 2})
+
+
+def test_written_never_leaves_a_torn_file(tmp_path):
+    out = tmp_path / "results.json"
+    out.write_text('{"old": true}')
+    with pytest.raises(RuntimeError), cli.written(str(out)) as f:
+        f.write('{"new": tr')
+        raise RuntimeError("interrupted mid-write")
+    assert out.read_text() == '{"old": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    with cli.written(str(out)) as f:
+        f.write('{"new": true}')
+    assert out.read_text() == '{"new": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
