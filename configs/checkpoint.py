@@ -222,6 +222,7 @@ def save(
                  for k, v in dict(params).items()}
     ckptr.save(os.path.join(path, PARAMS_DIR), dict(params), save_args=save_args, force=overwrite)
     ckptr.wait_until_finished()
+    sharding.barrier(f"checkpoint {path}: params written")  # every host's shards on disk before they are summed
     if sharding.is_primary():
         with open(os.path.join(path, METADATA_FILE), "w") as f:
             json.dump(meta, f, indent=1)
