@@ -111,9 +111,10 @@ def noise_misfit(graphdef, params, g_sent, rec: dlg.Recovery, plan: protections.
                                        jax.random.key(0), cfg=protection, noise_plan=silent)
     r = [jnp.ravel(a - b) for a, b in zip(jax.tree.leaves(g_sent), jax.tree.leaves(g_rec), strict=True)]
     n = sum(x.size for x in r)
+    scale = plan.scale or 1.0  # no noise: the plain mean misfit, which orders reconstructions the same way
     if plan.noise == "laplace":
-        return float(sum(jnp.abs(x).sum() for x in r)) / (n * plan.scale)
-    return float(sum(jnp.sum(x * x) for x in r)) / (n * plan.scale**2)
+        return float(sum(jnp.abs(x).sum() for x in r)) / (n * scale)
+    return float(sum(jnp.sum(x * x) for x in r)) / (n * scale**2)
 
 
 def attack_aware(graphdef, params, g_sent, g_hat, plan: protections.NoisePlan, protection, attack: Callable, key,
