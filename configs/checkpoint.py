@@ -39,6 +39,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from configs import provenance
+
 FORMAT = "sage-jax-checkpoint"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
@@ -59,14 +61,6 @@ def cache_dir() -> str:
     return os.environ.get("SAGE_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sage_jax")
 
 
-def sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def stamp(path: str) -> str:
     """Identity of a file's current contents without reading it: path, size, mtime."""
     st = os.stat(path)
@@ -80,7 +74,7 @@ def verified_sha256(path: str | os.PathLike) -> str:
     if os.path.isfile(memo):
         with open(memo) as f:
             return json.load(f)["sha256"]
-    digest = sha256(path)
+    digest = provenance.file_sha256(path)
     try:
         os.makedirs(os.path.dirname(memo), exist_ok=True)
         with open(memo, "w") as f:

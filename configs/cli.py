@@ -234,9 +234,8 @@ def settled(path: str, settings: Mapping, *, restart: bool = False, free: Sequen
     # A folder with work but no settings.json was made before work folders recorded them: it resumes as made with
     # this run's settings (as it always did), and is checked from now on.
     os.makedirs(path, exist_ok=True)
-    with open(file + ".tmp", "w") as f:
-        json.dump(settings, f, indent=1, sort_keys=True, default=str)
-    os.replace(file + ".tmp", file)
+    with written(file) as f:
+        json.dump(settings, f, indent=1, sort_keys=True)
 
 
 def _flat(tree: Mapping, prefix: str = "") -> dict:

@@ -8,13 +8,14 @@ them (`pgla_jax.data`); SAGE's home-trained VLM learns to see on them (`sage_jax
 from __future__ import annotations
 
 import gzip
-import hashlib
 import importlib.resources
 import os
 from typing import NamedTuple
 
 import numpy as np
 from jaxtyping import Float, Int
+
+from configs import provenance
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -39,12 +40,7 @@ class ImageSet(NamedTuple):
     name: str
 
 
-def sha256_of(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256_of = provenance.file_sha256
 
 
 def checked(path) -> str:

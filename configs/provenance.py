@@ -41,7 +41,8 @@ def commit(root: str = _ROOT) -> str:
     return head.stdout.strip() + ("-dirty" if dirty.returncode != 0 or dirty.stdout.strip() else "")
 
 
-def _file_sha256(path: str) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file, read in 1 MiB blocks: the one digest of files every module uses."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -57,14 +58,14 @@ def checkpoint_sha256(path: str | os.PathLike | None) -> str | None:
         return None
     path = os.fspath(path)
     if os.path.isfile(path):
-        return _file_sha256(path)
+        return file_sha256(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path} not found")
     manifest = os.path.join(path, MANIFEST)
     if os.path.isfile(manifest):
-        return _file_sha256(manifest)
+        return file_sha256(manifest)
     rels = sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
-    text = "".join(f"{_file_sha256(os.path.join(path, r))}  {r}\n" for r in rels)
+    text = "".join(f"{file_sha256(os.path.join(path, r))}  {r}\n" for r in rels)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import warnings
 
-from configs import checkpoint
+from configs import checkpoint, provenance
 from sage_jax.io import architectures, gguf, hf, lm_checkpoint, vlm_checkpoint
 from sage_jax.models.causal_lm import CausalLM
 
@@ -22,7 +22,7 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 
 # The digests and the cache they are remembered in are the checkpoint format's (`configs.checkpoint`).
-cache_dir, sha256, verified_sha256 = checkpoint.cache_dir, checkpoint.sha256, checkpoint.verified_sha256
+cache_dir, sha256, verified_sha256 = checkpoint.cache_dir, provenance.file_sha256, checkpoint.verified_sha256
 
 
 def default_target() -> str:
