@@ -168,6 +168,7 @@ def test_projection_table_for_both_paper_pairs():
     assert lowering.main(["--project", "v6e"]) == 0
 
 
+@pytest.mark.integration  # 17-30 s: the default tier sits near its 15-minute limit
 def test_engine_starts_from_the_model_on_an_accelerator_then_measures(tiny_lm, tmp_path, monkeypatch):
     """On a chip the model knows, `--budget auto`'s first request runs on the modelled profile (so it drafts the
     full tree where the model says verify is flat) and nothing is timed before it; the profile measured on the

@@ -107,6 +107,7 @@ def test_rollout_matches_ar_decoding_and_teacher_forced_features(target, tiny_da
     assert len(rows[1]) == 19 and any(len(a) == 40 for a in ref)
 
 
+@pytest.mark.integration  # 25-40 s: the default tier sits near its 15-minute limit
 def test_training_time_test_levels_equal_real_chain_drafting(target):
     """Level k of `eagle_unrolled` at position t == drafting k+1 tokens ahead from the true context up to t-k,
     feeding the head's own features back through its KV cache (what the engine does)."""
