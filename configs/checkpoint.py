@@ -26,6 +26,7 @@ The arrays are a plain nested ``dict[str, dict | Array]``, so downstream code re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -33,7 +34,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -67,9 +68,12 @@ def stamp(path: str) -> str:
     return hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def verified_sha256(path: str | os.PathLike) -> str:
-    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once."""
+def verified_sha256(path: str | os.PathLike, remember: bool = True) -> str:
+    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once (`remember=False`:
+    read now and not remembered, for files that live a short while, e.g. a training run's checkpoints)."""
     path = os.fspath(path)
+    if not remember:
+        return provenance.file_sha256(path)
     memo = os.path.join(cache_dir(), "sha256", stamp(path) + ".json")
     if os.path.isfile(memo):
         with open(memo) as f:
@@ -92,10 +96,10 @@ def summed_files(path: str | os.PathLike) -> list[str]:
     return sorted(r for r in rels if r != SUMS_FILE and os.path.basename(r) not in REWRITABLE)
 
 
-def write_sums(path: str | os.PathLike) -> str:
+def write_sums(path: str | os.PathLike, remember: bool = True) -> str:
     """Writes `path`/SHA256SUMS (`sha256  relative/path` per file of `summed_files`), atomically; returns it."""
     path = os.fspath(path)
-    text = "".join(f"{verified_sha256(os.path.join(path, rel))}  {rel}\n" for rel in summed_files(path))
+    text = "".join(f"{verified_sha256(os.path.join(path, rel), remember)}  {rel}\n" for rel in summed_files(path))
     file = os.path.join(path, SUMS_FILE)
     with open(file + ".tmp", "w") as f:
         f.write(text)
@@ -112,7 +116,7 @@ def read_sums(path: str | os.PathLike) -> dict[str, str] | None:
         return dict(reversed(ln.split("  ", 1)) for ln in f.read().splitlines() if ln.strip())
 
 
-def verify_sums(path: str | os.PathLike) -> None:
+def verify_sums(path: str | os.PathLike, remember: bool = True) -> None:
     """`CheckpointError` (one line) unless every file `path`/SHA256SUMS lists is there with that digest (digests
     remembered per file stamp: a second load reads nothing). Files it does not list (added later, e.g. a
     datastore beside a draft) are not its business; a folder without sums passes."""
@@ -122,7 +126,7 @@ def verify_sums(path: str | os.PathLike) -> None:
         file = os.path.join(path, rel)
         if not os.path.isfile(file):
             raise CheckpointError(f"{file} is missing: the checkpoint {path} is incomplete (its {SUMS_FILE} lists it)")
-        if verified_sha256(file) != digest:
+        if verified_sha256(file, remember) != digest:
             raise CheckpointError(f"{file} does not match its sha256 in {os.path.join(path, SUMS_FILE)}: the "
                                   "checkpoint is damaged or was changed")
 
@@ -388,6 +392,51 @@ class Reader:
         return self._arrays[key]
 
 
+@contextlib.contextmanager
+def read_errors(path: str | os.PathLike, hint: str = "") -> Iterator[None]:
+    """Orbax's ways of saying that what it reads under `path` is truncated or damaged (ValueError, OSError,
+    KeyError, a bare Exception from its array reader: the first of 200 lines) as one `CheckpointError` naming
+    `path`, plus `hint` (what to do). Only Orbax's reading calls go in the block, so that nothing else is blamed on
+    the files."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tensorstore's read errors reach us as a bare Exception
+        if type(e) is Exception and e.__cause__ is not None:  # the reader's wrapper: what it wraps says what broke
+            e = e.__cause__
+        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"the checkpoint {os.fspath(path)} is damaged or incomplete ({line}){hint}") from None
+
+
+def step_folder(mngr: Any, step: int) -> str:
+    """The folder of training checkpoint `step` of an Orbax `CheckpointManager` (its default step names)."""
+    return os.path.join(os.fspath(mngr.directory), str(step))
+
+
+def seal_step(mngr: Any, step: int) -> None:
+    """Waits for `mngr`'s save of `step` and writes SHA256SUMS into its folder: a training run's checkpoints carry
+    their sums as every other checkpoint does, so a resume (`restore_step`) refuses damaged bytes in one line
+    instead of handing them to Orbax."""
+    mngr.wait_until_finished()
+    write_sums(step_folder(mngr, step), remember=False)
+
+
+def restore_step(mngr: Any, step: int, args: Any, verify: bool = True) -> Any:
+    """`mngr.restore(step, args=args)` after checking the step's sums (a step sealed before the sums existed
+    passes; `verify=False`: checked already): damaged or missing bytes are one `CheckpointError` that says how to
+    resume anyway."""
+    path = step_folder(mngr, step)
+    hint = f"; delete {path} to resume from the step before it, or start over"  # the manager keeps earlier steps
+    try:
+        if verify:
+            verify_sums(path, remember=False)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}{hint}") from None
+    with read_errors(path, hint):
+        return mngr.restore(step, args=args)
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint's `metadata.json`, validated; `CheckpointError` if `path` is not one of ours."""
     path = os.path.abspath(os.fspath(path))
@@ -438,7 +487,7 @@ def restore(path: str | os.PathLike, abstract: Mapping[str, Any] | None = None) 
     meta = read_metadata(path)
     verify_sums(path)
     ckptr = ocp.StandardCheckpointer()
-    try:  # a folder without sums can still be truncated or damaged: Orbax's error, as one line naming it
+    with read_errors(path):  # a folder without sums can still be truncated or damaged
         if abstract is None:
             md = ckptr.metadata(os.path.join(path, PARAMS_DIR))
             md = getattr(getattr(md, "item_metadata", md), "tree", md)
@@ -446,8 +495,3 @@ def restore(path: str | os.PathLike, abstract: Mapping[str, Any] | None = None) 
             abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), md)
         check_fits(meta, abstract)
         return ckptr.restore(os.path.join(path, PARAMS_DIR), dict(abstract))
-    except CheckpointError:
-        raise
-    except (ValueError, OSError, KeyError, AttributeError, TypeError) as e:  # Orbax's ways of saying so
-        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"the checkpoint {path} is damaged or incomplete ({line})") from None

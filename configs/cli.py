@@ -68,21 +68,29 @@ def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
     ``interrupted`` (``; rerun the same command to resume`` for `resumable` commands, whose work folders keep only
     finished checkpoints) and exit code 130.
 
-    Interrupted as a command (`body` defined in ``__main__``, argv from the command line), the process ends right
-    there (`os._exit`, after flushing): the interpreter's teardown would otherwise run while XLA may still be
-    compiling on its own threads, which can crash it."""
+    Stopped either way as a command (`body` defined in ``__main__``, argv from the command line), the process ends
+    right there (`os._exit`, after flushing): the interpreter's teardown would otherwise run while XLA may still be
+    compiling on its own threads, which can crash it, or Orbax's readers print their own tracebacks."""
+    command = argv is None and getattr(body, "__module__", None) == "__main__"
     try:
         return body(argv) or 0
     except BadInput as e:
         print(f"error: {first_line(e)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _end(EXIT_BAD_INPUT, command)
     except KeyboardInterrupt:
         print("\ninterrupted" + ("; rerun the same command to resume" if resumable else ""), file=sys.stderr)
-        if argv is None and getattr(body, "__module__", None) == "__main__":
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
+        return _end(EXIT_INTERRUPTED, command)
+
+
+def _end(code: int, command: bool) -> int:
+    """`code`, or, for a command that stopped early, the process's end right here: work may still be in flight on
+    other threads (XLA compiling, Orbax's readers of a damaged checkpoint) that would crash or print tracebacks
+    during the interpreter's teardown."""
+    if command:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 #: Bounds of the flags every command shares: tokens of one request, and random seeds (jax.random.key takes an int32

@@ -100,8 +100,8 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
         tree = {**jax.tree.map(lambda x: sharding.place(x, repl), tree), "step": np.zeros((), np.int32)}
         step0 = mngr.latest_step() or 0
         if step0:
-            saved = denoiser_checkpoint.config_from_json(
-                mngr.restore(step0, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"])
+            saved = denoiser_checkpoint.config_from_json(checkpoint.restore_step(
+                mngr, step0, ocp.args.Composite(config=ocp.args.JsonRestore()))["config"])
             same = fields(saved) == fields(cfg)
             longer = extend and steps_field is not None and fields(
                 dataclasses.replace(saved, **{steps_field: getattr(cfg, steps_field)})) == fields(cfg)
@@ -111,7 +111,8 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
             if extend and not same and steps <= step0:  # a finished extended run just resumes (a no-op)
                 raise ValueError(f"{state_dir} is at step {step0}; --extend needs --steps above that, got {steps}")
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
-            restored = mngr.restore(step0, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+            restored = checkpoint.restore_step(
+                mngr, step0, ocp.args.Composite(state=ocp.args.StandardRestore(abstract)), verify=False)
             tree = jax.tree.unflatten(jax.tree.structure(tree), jax.tree.leaves(restored["state"]))
         params, opt_state, ema = tree["params"], tree["opt_state"], tree.get("ema")
         stop = steps if max_steps is None else min(steps, max_steps)
@@ -132,6 +133,7 @@ def run(cfg: DenoiserConfig, data_dir: str, workdir: str, params: nnx.State, los
                 mngr.save(step + 1, args=ocp.args.Composite(state=ocp.args.StandardSave(saved),
                                                             config=ocp.args.JsonSave(checkpoint.config_to_json(cfg))),
                           force=True)
+                checkpoint.seal_step(mngr, step + 1)
         mngr.wait_until_finished()
     mngr.close()
     return params, ema, max(step0, stop)

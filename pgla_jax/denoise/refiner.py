@@ -140,11 +140,12 @@ def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.nd
     with loop.manager(path) as mngr:
         if mngr.latest_step() is not None:
             start = mngr.latest_step()
-            saved = mngr.restore(start, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+            saved = checkpoint.restore_step(mngr, start, ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
             if saved != want:
                 raise ValueError(f"{path} holds a refiner trained with another config; use another --workdir")
             abstract = {"params": params, "opt_state": opt_state}
-            restored = mngr.restore(start, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+            restored = checkpoint.restore_step(
+                mngr, start, ocp.args.Composite(state=ocp.args.StandardRestore(abstract)), verify=False)
             params, opt_state = restored["state"]["params"], restored["state"]["opt_state"]
 
         def loss_fn(p, cg, lv, noise):
@@ -173,6 +174,7 @@ def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.nd
                 mngr.save(step + 1, args=ocp.args.Composite(
                     state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
                     config=ocp.args.JsonSave(want)))
+                checkpoint.seal_step(mngr, step + 1)
         mngr.wait_until_finished()
     out = os.path.join(os.path.abspath(workdir), "refiner")
     return save(out, nnx.to_pure_dict(params), cfg, overwrite=True,

@@ -34,7 +34,7 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from configs import sharding
+from configs import checkpoint, sharding
 from sage_jax.training import data as ddata
 from sage_jax.training.objectives import Task
 from sage_jax.training.recipe import TrainConfig
@@ -130,7 +130,7 @@ def run(name: str, c: Settings, params, loss: Callable, batch: Callable[[int], d
         latest = mngr.latest_step()
         if latest is not None:
             abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-            restored = mngr.restore(latest, args=ocp.args.StandardRestore(abstract))
+            restored = checkpoint.restore_step(mngr, latest, ocp.args.StandardRestore(abstract))
             state = jax.tree.unflatten(jax.tree.structure(state), jax.tree.leaves(restored))
         step0 = int(state["step"])
         index0 = int(state["data_index"]) if data_position else step0
@@ -184,8 +184,8 @@ def run(name: str, c: Settings, params, loss: Callable, batch: Callable[[int], d
                 if data_position:
                     saved["data_index"] = jnp.asarray(index0 + done - step0, jnp.int32)
                 mngr.save(done, args=ocp.args.StandardSave(saved), force=True)
+                checkpoint.seal_step(mngr, done)
                 if record:  # the losses up to a checkpoint, once it is written
-                    mngr.wait_until_finished()
                     write_json(files["losses"], {**recorded["losses"], **{str(k): v for k, v in losses.items()}})
             if done == stop:
                 break

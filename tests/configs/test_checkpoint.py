@@ -164,3 +164,27 @@ def test_every_checkpoint_carries_its_sums_and_every_load_checks_them(tmp_path, 
     with pytest.raises(checkpoint.CheckpointError, match="damaged or incomplete") as e:
         checkpoint.restore(b)
     assert "\n" not in str(e.value)
+
+
+def test_training_checkpoints_carry_their_sums_and_a_damaged_step_is_one_line(tmp_path):
+    """`seal_step` / `restore_step`: a training run's checkpoints are checked like every other; a damaged step
+    (sealed or from before the sums) is one line that names its folder and how to resume from the step before."""
+    import orbax.checkpoint as ocp
+
+    state = {"w": np.arange(4096, dtype=np.float32).reshape(64, 64)}
+    abstract = ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state))
+    with ocp.CheckpointManager(tmp_path / "ckpt", options=ocp.CheckpointManagerOptions(max_to_keep=2)) as mngr:
+        for step in (1, 2):
+            mngr.save(step, args=ocp.args.StandardSave({"w": state["w"] + step}))
+            checkpoint.seal_step(mngr, step)
+        assert checkpoint.read_sums(checkpoint.step_folder(mngr, 2))
+        np.testing.assert_array_equal(checkpoint.restore_step(mngr, 2, abstract)["w"], state["w"] + 2)
+        os.truncate(_largest_file(checkpoint.step_folder(mngr, 2)), 10)
+        with pytest.raises(checkpoint.CheckpointError, match="does not match its sha256") as e:
+            checkpoint.restore_step(mngr, 2, abstract)
+        assert "\n" not in str(e.value) and f"delete {checkpoint.step_folder(mngr, 2)} to resume" in str(e.value)
+        os.remove(os.path.join(checkpoint.step_folder(mngr, 2), checkpoint.SUMS_FILE))
+        with pytest.raises(checkpoint.CheckpointError, match="damaged or incomplete") as e:
+            checkpoint.restore_step(mngr, 2, abstract)
+        assert "\n" not in str(e.value)
+        np.testing.assert_array_equal(checkpoint.restore_step(mngr, 1, abstract)["w"], state["w"] + 1)

@@ -231,6 +231,7 @@ def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
     assert sorted(first.losses) == list(range(6))
     rest = loop.train(task, p0, fz, tr, he, tc, str(tmp_path / "b"), progress=False)  # resumes at 6 (ckpt @ 6)
     assert sorted(rest.losses) == list(range(6, 12))
+    assert all(os.path.isfile(tmp_path / "b" / "ckpt" / s / "SHA256SUMS") for s in ("8", "12"))  # sealed steps
     for s in range(12):
         got = first.losses[s] if s < 6 else rest.losses[s]
         assert abs(got - whole.losses[s]) <= 1e-6 * max(1.0, abs(whole.losses[s])), (s, got, whole.losses[s])
