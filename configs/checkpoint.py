@@ -409,6 +409,24 @@ def read_errors(path: str | os.PathLike, hint: str = "") -> Iterator[None]:
         raise CheckpointError(f"the checkpoint {os.fspath(path)} is damaged or incomplete ({line}){hint}") from None
 
 
+def step_manager(path: str | os.PathLike, *, read_only: bool = False, max_to_keep: int = 2) -> Any:
+    """An Orbax `CheckpointManager` of a training run's steps in `path` (created unless `read_only`; the
+    `max_to_keep` newest kept). Read-only (listing or exporting steps, possibly while the run trains), Orbax's
+    warnings that it is read-only stay out of the user's terminal: they are about the options asked for."""
+    import logging
+
+    import orbax.checkpoint as ocp
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR if read_only else level)
+    try:
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only, read_only=read_only)
+        return ocp.CheckpointManager(os.fspath(path), options=options)
+    finally:
+        absl.setLevel(level)
+
+
 def step_folder(mngr: Any, step: int) -> str:
     """The folder of training checkpoint `step` of an Orbax `CheckpointManager` (its default step names)."""
     return os.path.join(os.fspath(mngr.directory), str(step))

@@ -154,15 +154,47 @@ def output_file(path: str, flag: str, force: bool = False) -> None:
 
 def output_dir(path: str, flag: str, force: bool = False, outputs: Sequence[str] = ()) -> None:
     """Checks a folder the command will write `outputs` (names inside it) to, before any work: not a file, none of
-    them already there unless `force`, and writable (or creatable). Creates nothing."""
+    them (nor any file an earlier run listed, `begin_outputs`) already there unless `force`, and writable (or
+    creatable). Creates nothing."""
     if os.path.lexists(path) and not os.path.isdir(path):
         raise BadInput(f"{flag} {path} is a file; name a folder")
     if not force:
-        for name in outputs:
+        for name in [*outputs, *_listed(path)]:
             if os.path.lexists(os.path.join(path, name)):
                 raise BadInput(f"{os.path.join(path, name)} exists; pass --force to overwrite it or choose another "
                                f"{flag}")
     writable(path, flag)
+
+
+#: A results folder's list of the files its last run wrote (names, one per line).
+OUTPUTS_FILE = ".outputs"
+
+
+def _listed(path: str) -> list[str]:
+    try:
+        with open(os.path.join(path, OUTPUTS_FILE), encoding="utf-8") as f:
+            names = [n for n in f.read().splitlines() if n]
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [n for n in names if os.path.basename(n) == n and n not in (".", "..")]  # names in the folder only
+
+
+def begin_outputs(path: str, outputs: Sequence[str] = ()) -> None:
+    """Opens a results folder for a run that passed `output_dir` (with --force where results were there): creates
+    it and removes the files of an earlier run (those it listed, `end_outputs`, and `outputs`), so that old and new
+    results never sit side by side (an old plot beside a new table); files no run of the command wrote are never
+    touched."""
+    os.makedirs(path, exist_ok=True)
+    for name in dict.fromkeys([*_listed(path), *outputs, OUTPUTS_FILE]):
+        file = os.path.join(path, name)
+        if os.path.isfile(file) or os.path.islink(file):
+            os.remove(file)
+
+
+def end_outputs(path: str, wrote: Sequence[str]) -> None:
+    """Lists the files (paths or names in `path`) a finished run wrote there, for the next run's `begin_outputs`."""
+    with written(os.path.join(path, OUTPUTS_FILE)) as f:
+        f.write("".join(os.path.basename(w) + "\n" for w in wrote))
 
 
 @contextlib.contextmanager

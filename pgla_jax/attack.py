@@ -199,7 +199,8 @@ def _main(argv) -> int:
                 if n in names or (n == experiment.AWARE and base is not None)]
     # attack_aware runs each blend that no attacked row has already inverted (α = 0: none's, α = 1: its base's).
     aware = experiment.AWARE in attacked and len(experiment.BLENDS) - ("none" in attacked) - (base in attacked)
-    os.makedirs(args.out, exist_ok=True)  # after every check: a refused run leaves no empty folder behind
+    # After every check: a refused run leaves no empty folder behind; an earlier run's figures (other settings) go.
+    cli.begin_outputs(args.out, [os.path.basename(p) for p in outputs])
     per_image = 1 + len(settings) * len(cfg.epsilons) * (len(attacked) - (experiment.AWARE in attacked) + aware
                                                           + args.jitter + (args.jitter > 0 and "none" not in attacked))
     total = (cfg.num_images // cfg.batch_size) * per_image
@@ -219,6 +220,7 @@ def _main(argv) -> int:
         f.write(provenance.markdown(record) + "\n\n" + table + "\n")
     with cli.written(os.path.join(args.out, "results.json")) as f:
         json.dump(result, f, indent=1)
+    cli.end_outputs(args.out, outputs)
     if args.json:
         print(json.dumps(result))
     else:

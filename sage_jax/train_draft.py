@@ -41,14 +41,17 @@ def _main(argv: list[str] | None) -> int:
     if args.export_step is not None:
         if args.export_step != "latest" and not args.export_step.isdigit():
             raise cli.BadInput(f"--export-step takes a step number or 'latest', got {args.export_step!r}")
+        if args.restart:
+            raise cli.BadInput("--export-step exports a step of the run in --workdir; --restart would delete it")
+    # The work folder knows its recipe: other data, vocabulary or model settings would mix with (or silently reuse)
+    # the work already there, or export a head of one recipe under another's name; a longer schedule resumes.
+    cli.settled(workdir, {"recipe": recipe.to_json()}, restart=args.restart,
+                free=[f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in FREE_TRAIN])
+    if args.export_step is not None:
         step = None if args.export_step == "latest" else int(args.export_step)
         with cli.reported(ValueError, FileNotFoundError):
             print(json.dumps({"path": distillation.export_head(recipe, workdir, step)}))
         return 0
-    # The work folder knows its recipe: other data, vocabulary or model settings would mix with (or silently reuse)
-    # the work already there; a longer schedule resumes.
-    cli.settled(workdir, {"recipe": recipe.to_json()}, restart=args.restart,
-                free=[f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in FREE_TRAIN])
     with cli.reported(ValueError, FileNotFoundError):  # e.g. a target path that does not exist
         summary = distillation.run(recipe, workdir, progress=not args.no_progress)
     print(json.dumps(summary, default=str))

@@ -44,8 +44,7 @@ STATE = "state"
 
 def manager(path: str, *, read_only: bool = False) -> ocp.CheckpointManager:
     """The Orbax manager of a training state folder: the two newest steps kept."""
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
-        max_to_keep=2, create=not read_only, read_only=read_only))
+    return checkpoint.step_manager(path, read_only=read_only)
 
 
 def saved_step(workdir: str, state: str = STATE) -> int:

@@ -81,11 +81,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+#: The results files a run writes into --out whatever its settings (the plots vary: `cli.end_outputs` lists them).
+OUTPUTS = ("bench.json", "table.md", "vlm_bench.json")
+
+
 def _main(argv: list[str] | None) -> int:
     args = parse(argv)
     from sage_jax.bench import suite
 
-    cli.output_dir(args.out, "--out", args.force, ("bench.json", "table.md", "vlm_bench.json"))
+    cli.output_dir(args.out, "--out", args.force, OUTPUTS)
     if args.vlm:
         from sage_jax.bench import vlm
 
@@ -93,7 +97,7 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput("--prompts-file takes text prompts; --vlm asks about --image / --video")
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
-        os.makedirs(args.out, exist_ok=True)
+        cli.begin_outputs(args.out, OUTPUTS)
         return vlm.run(args, argv)
     s = suite.build(args)
     try:
@@ -105,7 +109,8 @@ def _main(argv: list[str] | None) -> int:
 def _measure(s, args, argv) -> int:
     from sage_jax.bench import plots, run
 
-    os.makedirs(args.out, exist_ok=True)  # after every check: a refused run leaves no empty folder behind
+    # After every check: a refused run leaves no empty folder behind; a forced one removes the earlier run's files.
+    cli.begin_outputs(args.out, OUTPUTS)
     record = run.provenance(argv, s.draft_path)
     meta = {"title": s.title, "machine": provenance.machine(record), "provenance": record, "profile": s.profile,
             "args": vars(args)}
@@ -124,6 +129,7 @@ def _measure(s, args, argv) -> int:
     with open(os.path.join(args.out, "bench.json")) as fh:
         traces = json.load(fh)["traces"]
     pngs = plots.all_plots(rows, traces, s.profile, args.out, s.title)
+    cli.end_outputs(args.out, ["bench.json", "table.md", *pngs])
     print(f"\n{s.title}\n{meta['machine']}\n\n{table}\n")
     print(f"wrote {os.path.join(args.out, 'bench.json')}, table.md and {', '.join(pngs)}", file=sys.stderr)
     return 0

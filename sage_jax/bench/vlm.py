@@ -224,9 +224,10 @@ def run(args, argv: list[str] | None = None) -> int:
         v.pop("runs")
     out["args"] = {k: v for k, v in vars(args).items() if k not in ("image", "video")}
     out["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    with open(os.path.join(args.out, "vlm_bench.json"), "w") as f:
+    with cli.written(os.path.join(args.out, "vlm_bench.json")) as f:
         json.dump(out, f, indent=1)
     png = _plot(out, os.path.join(args.out, "vlm_pruning.png"))
+    cli.end_outputs(args.out, ["vlm_bench.json", png])
     print(f"\n{title}\n{out['machine']}\n\n{t1}\n{named}\nDraft visual-token pruning (SAGE):\n\n{t2}\n")
     print(f"wrote {os.path.join(args.out, 'vlm_bench.json')} and {png}", file=sys.stderr)
     return 0

@@ -118,8 +118,7 @@ def run(name: str, c: Settings, params, loss: Callable, batch: Callable[[int], d
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
     stop = c.steps if stop_at is None else min(stop_at, c.steps)
-    mngr = ocp.CheckpointManager(os.path.join(directory, "ckpt"),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+    mngr = checkpoint.step_manager(os.path.join(directory, "ckpt"))
     t_start = time.perf_counter()
     with sharding.use(mesh, "train") if mesh is not None else contextlib.nullcontext():
         if mesh is not None:
@@ -205,7 +204,7 @@ def saved_steps(directory: str) -> list[int]:
     path = os.path.join(os.path.abspath(directory), "ckpt")
     if not os.path.isdir(path):
         return []
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as mngr:
+    with checkpoint.step_manager(path, read_only=True) as mngr:
         return list(mngr.all_steps())
 
 
@@ -218,7 +217,7 @@ def saved_params(directory: str, step: int, params, opt: optax.GradientTransform
         state["data_index"] = np.zeros((), np.int32)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     path = os.path.join(os.path.abspath(directory), "ckpt")
-    with ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(create=False, read_only=True)) as mngr:
+    with checkpoint.step_manager(path, read_only=True) as mngr:
         return mngr.restore(step, args=ocp.args.StandardRestore(abstract))["params"]
 
 

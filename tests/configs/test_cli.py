@@ -239,3 +239,26 @@ def test_written_never_leaves_a_torn_file(tmp_path):
     with cli.written(str(out)) as f:
         f.write('{"new": true}')
     assert out.read_text() == '{"new": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_forced_rerun_replaces_the_earlier_results_and_nothing_else(tmp_path):
+    """`output_dir` / `begin_outputs` / `end_outputs`: a results folder remembers what its last run wrote; without
+    --force any of it refuses the run, with it those files go before the new ones are written (an old plot never
+    sits beside a new table), and a file the user put there stays."""
+    out = str(tmp_path / "out")
+    cli.output_dir(out, "--out", False, ("table.md",))
+    cli.begin_outputs(out, ("table.md",))
+    for name in ("table.md", "old_plot.png"):
+        (tmp_path / "out" / name).write_text("earlier run")
+    cli.end_outputs(out, [str(tmp_path / "out" / "table.md"), "old_plot.png"])
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "out" / "table.md").unlink()  # only a listed plot left: still the earlier run's
+    with pytest.raises(cli.BadInput, match="old_plot.png exists; pass --force"):
+        cli.output_dir(out, "--out", False, ("table.md",))
+    cli.output_dir(out, "--out", True, ("table.md",))
+    cli.begin_outputs(out, ("table.md",))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]
+    (tmp_path / "out" / cli.OUTPUTS_FILE).write_text("../outside\n/etc/passwd\nnotes.txt\n")  # never outside
+    (tmp_path / "outside").write_text("kept")
+    cli.begin_outputs(out)
+    assert (tmp_path / "outside").read_text() == "kept" and not (tmp_path / "out" / "notes.txt").exists()

@@ -41,6 +41,13 @@ def test_cli_json_and_figure(tmp_path, capsys):
     # A second run must not overwrite the figure silently.
     assert attack.main(argv) == 2
     assert "--force" in capsys.readouterr().err
+    # --force replaces the earlier run's results (its Gaussian figure goes with them) and nothing else.
+    (out / "notes.txt").write_text("mine")
+    assert attack.main([*argv, "--noise", "laplace", "--force"]) == 0
+    figures = json.loads(capsys.readouterr().out)["figures"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [".outputs", "notes.txt", "results.json", "results.md", *(os.path.basename(f) for f in figures)])
+    assert "laplace" in figures[0] and res["figure"] not in figures
 
 
 @pytest.mark.parametrize("argv,needle", [

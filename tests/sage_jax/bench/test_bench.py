@@ -85,6 +85,15 @@ def test_quick_run_end_to_end(tmp_path, cache_dir):
     assert rec["cpu"] and rec["cores"] >= 1 and rec["jax"] and rec["jaxlib"] and rec["backend"] == "cpu"
     table = (tmp_path / "table.md").read_text()
     assert f"- commit: `{rec['commit']}`" in table and "- draft_sha256: `None`" in table and "| sage |" in table
+    # A forced rerun with other methods replaces these results (no plot of the first run left beside the new
+    # table) and keeps what the bench did not write (the scratch folder).
+    first = (tmp_path / ".outputs").read_text().split()
+    proc = subprocess.run([sys.executable, "-m", "sage_jax.bench", "--quick", "--no-progress", "--no-hf", "--methods",
+                           "ar", "--force", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    second = (tmp_path / ".outputs").read_text().split()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".outputs", "tmp", *second])
+    assert set(first) - set(second) and "| sage |" not in (tmp_path / "table.md").read_text()
 
 
 def test_alpha_plots_use_the_sage_run_that_built_trees():

@@ -506,3 +506,29 @@ def test_a_rerun_with_other_data_settings_is_refused(tmp_path, capsys, monkeypat
     free = [f"recipe.{k}.train.{f}" for k in ("eagle", "lm") for f in train_draft.FREE_TRAIN]
     longer = cli.load_config("tiny", "configs.sage", DraftRecipe, overrides=["eagle.train.steps=999"])
     cli.settled(str(work), {"recipe": longer.to_json()}, free=free)  # resumes: no error
+
+
+def test_export_step_is_checked_like_a_run(tmp_path, capsys, caplog, monkeypatch):
+    """`--export-step` exports a head of the recipe the folder holds: another vocabulary (a head of the old one
+    recorded as the new) or --restart (which would delete the run) is refused in one line; asking for a step that
+    is not there is one line too, without Orbax's warnings about its read-only manager before it."""
+    import logging
+
+    from configs import cli
+    from sage_jax import train_draft
+    from sage_jax.training.recipe import DraftRecipe
+
+    monkeypatch.chdir(ROOT)
+    work = tmp_path / "w"
+    cli.settled(str(work), {"recipe": cli.load_config("tiny", "configs.sage", DraftRecipe).to_json()})
+    (work / "eagle" / "ckpt").mkdir(parents=True)
+    base = ["--config", "tiny", "--workdir", str(work), "--export-step"]
+    for argv, needle in (([*base, "latest", "--set", "vocab_size=48"], "recipe.vocab_size=64, this run asks 48"),
+                         ([*base, "latest", "--restart"], "--restart would delete it"),
+                         ([*base, "99"], "no training checkpoint 99")):
+        with caplog.at_level(logging.WARNING):
+            assert train_draft.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+        assert not [r for r in caplog.records if r.name == "absl"], caplog.records
+    assert sorted(p.name for p in work.iterdir()) == ["eagle", cli.SETTINGS_FILE]
