@@ -153,6 +153,10 @@ def test_bench_refused_run_leaves_no_folder_and_sweep_is_checked(tmp_path, capsy
     for bad in ("abc", "-5", "0", "7,x"):
         assert main(["--quick", "--sweep", bad, "--out", str(out)]) == 2
         _one_line(capsys, "--sweep")
+    for argv, needle in ((["--ratios", "abc"], "--ratios"), (["--ratios", "0.5,2"], "--ratios"),
+                         (["--methods", "warp"], "unknown --vlm method")):
+        assert main(["--vlm", "--quick", *argv, "--out", str(out)]) == 2
+        _one_line(capsys, needle)
     assert not out.exists()
 
 

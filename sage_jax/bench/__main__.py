@@ -97,6 +97,7 @@ def _main(argv: list[str] | None) -> int:
             raise cli.BadInput("--prompts-file takes text prompts; --vlm asks about --image / --video")
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
+        vlm.settings(args)
         cli.begin_outputs(args.out, OUTPUTS)
         return vlm.run(args, argv)
     s = suite.build(args)

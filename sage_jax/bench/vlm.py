@@ -72,21 +72,19 @@ def _synthetic_images() -> list:
     return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((224, 224), (168, 224))]
 
 
-def build(args):
-    """(engine, prompts [(question, images, videos)], title) from the flags."""
+def build(args, scratch: str):
+    """(engine, prompts [(question, images, videos)], title) from the flags; `scratch`: a folder for --quick's
+    tiny models, removed by the caller."""
     from sage_jax.engine import Engine, load_engine
 
     ratios = (0.8, 0.9)
     if args.quick:
-        import tempfile
-
         from sage_jax.bench.tiny_vlm import tiny_vlm
 
         # Images of up to 256 visual tokens against ~30 text tokens: the proportions of a real image prompt.
         kw = dict(max_pixels=224 * 224, max_position=2048)
-        target = tiny_vlm("qwen2_5_vl", 0, tempfile.mkdtemp(prefix="sage_bench_vlm_"), **kw)
-        draft = tiny_vlm("qwen2_5_vl", 1, tempfile.mkdtemp(prefix="sage_bench_vlm_"), n_layers=1, like=target,
-                         noise=0.05, **kw)
+        target = tiny_vlm("qwen2_5_vl", 0, os.path.join(scratch, "target"), **kw)
+        draft = tiny_vlm("qwen2_5_vl", 1, os.path.join(scratch, "draft"), n_layers=1, like=target, noise=0.05, **kw)
         engine = Engine(target, draft, prune=args.prune, prune_ratio=ratios, description="tiny 1-layer VLM",
                         attention=args.attention)
         images, videos, name = _synthetic_images(), [], "tiny random Qwen2.5-VL pair (--quick)"
@@ -165,19 +163,24 @@ def draft_path(args) -> str | None:
 
 
 def run(args, argv: list[str] | None = None) -> int:
-    from configs import provenance
-    from sage_jax.bench.run import provenance as record_of
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sage_bench_vlm_") as scratch:  # removed on every exit path
+        return _run(args, argv, scratch)
+
+
+def settings(args) -> tuple:
+    """(budget, pruning ratios, methods) from the flags, or one-line `BadInput`: checked before any model loads
+    (and before the results folder is touched)."""
     from sage_jax.bench.suite import parse_budget
 
     budget = parse_budget(args.budget)
-    ratios = tuple(float(x) for x in args.ratios.split(",")) if args.ratios else RATIOS
+    try:
+        ratios = tuple(float(x) for x in args.ratios.split(",")) if args.ratios else RATIOS
+    except ValueError:
+        ratios = (float("nan"),)
     if not all(0.0 <= r <= 1.0 for r in ratios):
-        raise cli.BadInput(f"--ratios must lie in [0, 1], got {args.ratios}")
-    engine, prompts, title, labels = build(args)
-    if not prompts:
-        raise cli.BadInput("no prompts: give --image / --video, or --prompts > 0")
-    record = record_of(argv, draft_path(args))
-    out = {"title": title, "machine": provenance.machine(record), "provenance": record, "methods": {}, "sweep": []}
+        raise cli.BadInput(f"--ratios takes numbers in [0, 1] separated by commas, got {args.ratios!r}")
     methods = ["ar", *POLICIES]
     if args.methods:
         want = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -185,6 +188,19 @@ def run(args, argv: list[str] | None = None) -> int:
         if bad:
             raise cli.BadInput(f"unknown --vlm method(s) {', '.join(bad)}; known: ar, {', '.join(POLICIES)}")
         methods = ["ar", *(m for m in POLICIES if m in want)]
+    return budget, ratios, methods
+
+
+def _run(args, argv: list[str] | None, scratch: str) -> int:
+    from configs import provenance
+    from sage_jax.bench.run import provenance as record_of
+
+    budget, ratios, methods = settings(args)
+    engine, prompts, title, labels = build(args, scratch)
+    if not prompts:
+        raise cli.BadInput("no prompts: give --image / --video, or --prompts > 0")
+    record = record_of(argv, draft_path(args))
+    out = {"title": title, "machine": provenance.machine(record), "provenance": record, "methods": {}, "sweep": []}
     for m in tqdm(methods, desc="policies", disable=args.no_progress):
         out["methods"][m] = _measure(engine, prompts, m, None if m == "ar" else budget, args.max_new_tokens)
     ar = out["methods"]["ar"]

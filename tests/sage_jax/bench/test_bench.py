@@ -109,12 +109,20 @@ def test_alpha_plots_use_the_sage_run_that_built_trees():
 
 
 @pytest.mark.integration
-def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path):
+def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path, monkeypatch):
     """`--vlm --quick` (SAGE only, one prompt, to stay small): SAGE equals AR on an image prompt, and the sweep
     reports the draft's prefill at each ratio; a draft that sees 20% of the image tokens runs fewer of them and
-    fewer XLA operations in its prefill (XLA's count: noise-free, unlike the seconds the table also reports)."""
+    fewer XLA operations in its prefill (XLA's count: noise-free, unlike the seconds the table also reports). The
+    tiny models' folder is removed at the end."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     assert bench.main(["--vlm", "--quick", "--no-progress", "--max-new-tokens", "8", "--ratios", "0,0.8",
                        "--methods", "sage", "--prompts", "1", "--out", str(tmp_path)]) == 0
+    assert not list(scratch.iterdir())
+    assert (tmp_path / ".outputs").read_text().split() == ["vlm_bench.json", "vlm_pruning.png"]
     with open(tmp_path / "vlm_bench.json") as f:
         out = json.load(f)
     assert set(out["methods"]) == {"ar", "sage"}
