@@ -41,8 +41,8 @@ def _epsilons(text: str) -> tuple[float, ...]:
         eps = tuple(float(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"epsilons must be numbers separated by commas, got {text!r}") from None
-    if not eps or any(not (e > 0) for e in eps):
-        raise argparse.ArgumentTypeError(f"every epsilon must be > 0, got {text!r}")
+    if not eps or any(not (0 < e < float("inf")) for e in eps):
+        raise argparse.ArgumentTypeError(f"every epsilon must be a finite number > 0, got {text!r}")
     return eps
 
 

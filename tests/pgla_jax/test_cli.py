@@ -52,6 +52,7 @@ def test_cli_json_and_figure(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--epsilons", "0,1"], "epsilon"),
+    (["--epsilons", "1,inf"], "finite"),
     (["--epsilons", "-3"], "epsilon"),
     (["--denoiser", "ckpt/gd"], "not found"),
     (["--denoiser", "none", "--denoisers", "none,diffusion"], "not available"),
