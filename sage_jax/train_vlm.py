@@ -4,7 +4,9 @@ Trains the home-trained vision-language model of a recipe (`configs/sage/<name>.
 `get_config()` returns the ConfigDict of a `sage_jax.training.vlm_recipe.VLMRecipe`, kind "vlm"): a LLaVA-OneVision
 tower and projector around the shipped SmolLM2-135M-Instruct, on images that ship offline
 (`sage_jax/training/vlm_stages.py` for the stages and the work-directory layout). Rerunning resumes. Writes
-WORKDIR/vlm (load it with `--target WORKDIR/vlm`), WORKDIR/loss.png and WORKDIR/summary.json. Bad input: one line
+WORKDIR/vlm (load it with `--target WORKDIR/vlm`), WORKDIR/loss.png and WORKDIR/summary.json. A recipe of kind
+"vlm_draft" (`DraftVLMRecipe`, e.g. `smollm2_vlm_draft`) trains a separate draft VLM for it instead
+(`sage_jax/training/vlm_draft.py`), written to WORKDIR/vlm_draft (`--draft WORKDIR/vlm_draft`). Bad input: one line
 `error: ...` on stderr, exit code 2.
 """
 
@@ -35,20 +37,23 @@ def _main(argv: list[str] | None) -> int:
     if missing:
         raise cli.BadInput(f"training the home VLM reads {' and '.join(missing)} (digits, photos): "
                            "pip install -e '.[vlm-train]'")
-    from sage_jax.training.vlm_recipe import VLMRecipe
+    from sage_jax.training.vlm_recipe import DraftVLMRecipe, VLMRecipe
 
-    recipe = cli.load_config(args.config, "configs.sage", VLMRecipe, overrides=args.set)
+    recipe = cli.load_config(args.config, "configs.sage", (VLMRecipe, DraftVLMRecipe), overrides=args.set)
     workdir = args.workdir or os.path.join("runs", cli.config_name(args.config))
     cli.work_folder(workdir)
     from sage_jax.io.loader import cache_dir
-    from sage_jax.training import vlm_stages
+    from sage_jax.training import vlm_draft, vlm_stages
 
     cli.use_compilation_cache(os.path.join(cache_dir(), "jax"))
     stages = [k for k, v in recipe.to_json().items() if isinstance(v, dict) and "steps" in v]
     cli.settled(workdir, {"recipe": recipe.to_json()}, restart=args.restart,
                 free=[f"recipe.{s}.{f}" for s in stages for f in ("steps", "ckpt_every", "eval_every")])
     with cli.reported(ValueError, FileNotFoundError):
-        summary = vlm_stages.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
+        if isinstance(recipe, DraftVLMRecipe):
+            summary = vlm_draft.run(recipe, workdir, progress=not args.no_progress)
+        else:
+            summary = vlm_stages.run(recipe, workdir, progress=not args.no_progress, heldout=args.heldout)
     print(json.dumps(summary, default=str))
     return 0
 

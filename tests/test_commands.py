@@ -85,6 +85,7 @@ def _numeric_fields(cls, prefix=""):
 
 RECIPES = [("smollm2_eagle", "configs.sage", "sage_jax.training.recipe", "DraftRecipe"),
            ("smollm2_vlm", "configs.sage", "sage_jax.training.vlm_recipe", "VLMRecipe"),
+           ("smollm2_vlm_draft", "configs.sage", "sage_jax.training.vlm_recipe", "DraftVLMRecipe"),
            ("mnist_lenet", "configs.pgla", "pgla_jax.config", "ExperimentConfig"),
            ("denoiser_lenet", "configs.pgla", "pgla_jax.config", "DenoiserConfig")]
 

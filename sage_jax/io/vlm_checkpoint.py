@@ -217,20 +217,30 @@ def save(model, out: str | os.PathLike, *, overwrite: bool = False, provenance: 
 DEFAULT_LM = "default"
 
 
+#: The language-model parameters an adapter may keep of its own (a draft VLM's first layers of the default target,
+#: trained, and their final norm); the embedding (and head) are always the default target's.
+OWN_LM = ("blocks", "final_norm")
+
+
 def save_adapter(out: str | os.PathLike, cfg, params: dict, tokenizer, processor_dir: str, *,
                  overwrite: bool = False, provenance: dict | None = None) -> str:
     """A LLaVA-OneVision trained around the shipped SmolLM2-135M-Instruct (`sage_jax.train_vlm`) -> our checkpoint
-    of everything but its language model (tower, projector, image_newline; megabytes, not the LM's 540), marked
-    `"language_model": "default"`: `load_checkpoint` takes the LM from the default target, checked against
-    `cfg.text`. Returns the checkpoint's path."""
+    of everything but its language model's embedding and head (tower, projector, image_newline; megabytes, not the
+    LM's 540), marked `"language_model": "default"`: `load_checkpoint` takes the LM from the default target,
+    checked against `cfg.text`. A draft VLM also stores `params["lm"]` = its own `blocks` and `final_norm` (`OWN_LM`):
+    `cfg.text.n_layers` layers, trained from the default's first ones, under the default's embedding and head.
+    Returns the checkpoint's path."""
 
-    if "lm" in params:
-        raise ValueError("save_adapter stores no language model; drop params['lm']")
+    own_lm = sorted(params.get("lm", {}))
+    if own_lm and own_lm != sorted(OWN_LM):
+        raise ValueError(f"save_adapter stores a language model's {' and '.join(OWN_LM)} or none of it, got {own_lm}")
     with checkpoint.Writer(out, overwrite=overwrite) as writer:
         for name, value in hf.flatten(params).items():
             writer.put(name, np.asarray(jax.device_get(value)))
-        path = writer.commit(config={"architecture": "llava_onevision", "model": cfg.to_json(),
-                                     "language_model": DEFAULT_LM}, kind=VLM_KIND, provenance=provenance or {})
+        config = {"architecture": "llava_onevision", "model": cfg.to_json(), "language_model": DEFAULT_LM}
+        if own_lm:
+            config["own_lm"] = list(OWN_LM)
+        path = writer.commit(config=config, kind=VLM_KIND, provenance=provenance or {})
     tokenizer.save_pretrained(os.path.join(path, lm_checkpoint.TOKENIZER_DIR))
     _copy_processor_files(processor_dir, path)
     checkpoint.write_sums(path)
@@ -251,6 +261,11 @@ def uses_default_lm(path: str | os.PathLike) -> bool:
     return checkpoint.read_metadata(path)["config"].get("language_model") == DEFAULT_LM
 
 
+def own_lm(path: str | os.PathLike) -> bool:
+    """Whether a `save_adapter` checkpoint keeps its own language-model layers (`OWN_LM`: a draft VLM's)."""
+    return bool(checkpoint.read_metadata(path)["config"].get("own_lm"))
+
+
 def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, language_model=None):
     """Our VLM checkpoint -> (family, config, module), restored straight onto `mesh` when given. `language_model`:
     (config, `Decoder`) of the default target, which completes a `save_adapter` checkpoint (`uses_default_lm`;
@@ -266,13 +281,19 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str | None = None, mesh=N
 
 
 def _check_default_lm(path, cfg, text_cfg) -> None:
-    """CheckpointError unless `text_cfg` (the default target's) is the language model `save_adapter` saved around."""
-    want = {k: v for k, v in cfg.text.to_json().items() if k not in ("param_dtype", "dtype")}
-    have = {k: v for k, v in text_cfg.to_json().items() if k not in ("param_dtype", "dtype")}
-    if want != have:
-        differ = sorted(k for k in want if want[k] != have.get(k))
+    """CheckpointError unless `text_cfg` (the default target's) is the language model `save_adapter` saved around
+    (one with its own layers: as many as the default's or fewer)."""
+    free = ("param_dtype", "dtype", *(("n_layers",) if own_lm(path) else ()))
+    want = {k: v for k, v in cfg.text.to_json().items() if k not in free}
+    have = {k: v for k, v in text_cfg.to_json().items() if k not in free}
+    if want != have or cfg.text.n_layers > text_cfg.n_layers:
+        differ = sorted(k for k in want if want[k] != have.get(k)) or ["n_layers"]
         raise checkpoint.CheckpointError(f"{os.fspath(path)} was trained around another language model than the "
                                          f"default target (config differs in {', '.join(differ)})")
+
+
+def _own_lm_abstract(pure_lm: dict) -> dict:
+    return {k: v for k, v in pure_lm.items() if k in OWN_LM}
 
 
 def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, language_model=None):
@@ -295,8 +316,22 @@ def load_serving(path: str | os.PathLike, *, dtype: str | None = None, mesh=None
             raise checkpoint.CheckpointError(f"{os.fspath(path)} holds its own parameters around the default target; "
                                              f"load it with sage_jax.load")
         _check_default_lm(path, cfg, language_model.cfg)
-        checkpoint.check_fits(reader.meta, own)
         lm = language_model
+        if own_lm(path):  # its own first layers and final norm under the default's embedding and head
+            own = {**own, "lm": _own_lm_abstract(pure["lm"])}
+            checkpoint.check_fits(reader.meta, own)
+            from sage_jax.models import serving_lm
+
+            mine = hf.unflatten({k: jnp.asarray(np.asarray(reader.read("lm/" + k)).astype(a.dtype, copy=False))
+                                 for k, a in hf.flatten(own["lm"]).items()})
+            lm = serving_lm.serving_params(cfg.text, {"embed": language_model.embed, "lm_head": language_model.lm_head,
+                                                      **mine})
+            if mesh is not None:
+                lm = jax.tree.map(lambda x: sharding.place(x, jax.sharding.NamedSharding(
+                    mesh, jax.sharding.PartitionSpec())), lm)
+            own = {k: v for k, v in own.items() if k != "lm"}
+        else:
+            checkpoint.check_fits(reader.meta, own)
     else:
         checkpoint.check_fits(reader.meta, pure)
         lm = lm_checkpoint.serving_from(reader, cfg.text, mesh, prefix="lm/")
@@ -323,14 +358,19 @@ def _with_default_lm(path, arch: Architecture, cfg, mesh, text_cfg, decoder):
     (the default target, which must be the LM the checkpoint was trained around)."""
     _check_default_lm(path, cfg, text_cfg)
     graphdef, state = abstract(arch, cfg)
-    own = {k: v for k, v in nnx.to_pure_dict(state).items() if k != "lm"}
+    pure = nnx.to_pure_dict(state)
+    own = {k: v for k, v in pure.items() if k != "lm"}
+    if own_lm(path):
+        own["lm"] = _own_lm_abstract(pure["lm"])
     if mesh is None:
         dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         own = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), own)
     else:
         shard_of = {k: v for k, v in nnx.to_pure_dict(sharding.state_shardings(state, mesh)).items() if k != "lm"}
         own = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), own, shard_of)
-    nnx.replace_by_pure_dict(state, {**checkpoint.restore(path, own), "lm": decoder.params()})
+    restored = checkpoint.restore(path, own)
+    lm = {k: v for k, v in decoder.params().items() if k not in OWN_LM} if own_lm(path) else decoder.params()
+    nnx.replace_by_pure_dict(state, {**restored, "lm": {**lm, **restored.get("lm", {})}})
     return nnx.merge(graphdef, state)
 
 

@@ -30,12 +30,22 @@ def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new:
             ) -> dict[str, np.ndarray]:
     """`n` training images (the recipe's mix) with questions from the templates, answered greedily by the VLM:
     left-padded prompt + answer (+ <|im_end|>) rows, and the images' pixels. One compile (fixed width)."""
-    cfg, tok = parts.cfg, parts.tokenizer
     rng = np.random.default_rng([c.seed, 4])
     picks = vlm_model.draw(c, parts.data, rng, n)
-    prompts = vlm_model.Prompts(cfg, tok)
-    ids = [prompts.prompt(vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0]) for s, r in picks]
+    questions = [vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0] for s, r in picks]
     images = np.stack([parts.data[s].pixels[r] for s, r in picks])
+    return answer_rows(parts, params, images, questions, max_new, batch)
+
+
+def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questions: list[str], max_new: int = 24,
+                batch: int = 32) -> dict[str, np.ndarray]:
+    """The VLM's greedy answers to `questions` about `images` [N, 28, 28, 3]: left-padded prompt + answer
+    (+ <|im_end|>) rows ("tokens", "valid"; "answer": slot t scores its prediction of token t + 1, an answer
+    token) and the images. One compile per width."""
+    cfg, tok = parts.cfg, parts.tokenizer
+    n = len(images)
+    prompts = vlm_model.Prompts(cfg, tok)
+    ids = [prompts.prompt(q) for q in questions]
     width = max(len(x) for x in ids)
     pad = cfg.text.pad_token_id
     tokens = np.full((n, width), pad, np.int32)

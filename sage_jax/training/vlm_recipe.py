@@ -66,3 +66,31 @@ class VLMRecipe(Schema):
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftVLMRecipe(Schema):
+    """A separate draft VLM for the home-trained VLM, as the paper drafts a 72B VLM with a small one of its family
+    (`sage_jax/training/vlm_draft.py`): a LLaVA-OneVision with its own tower (the target's first `tower_layers`,
+    fine-tuned), projector and image_newline, and the target LM's first `lm_layers` layers with their own final
+    norm under the target's embedding and head, distilled on the target's own greedy answers while it sees a
+    random share of the visual tokens (`ratios`), so that it keeps accepting when pruned."""
+
+    KIND = "vlm_draft"
+
+    target: str = "default"  # the VLM whose answers it learns: "default" (the shipped one) or a checkpoint path
+    tower_layers: Annotated[int, POSITIVE] = 2
+    lm_layers: Annotated[int, POSITIVE] = 2
+    train: StageConfig
+    rows: Annotated[int, POSITIVE] = 2048  # training images the target answers (the recipe's data mix)
+    heldout_rows: Annotated[int, POSITIVE] = 128  # held-out Fashion-MNIST test images (past the bench's) for evals
+    max_new_tokens: Annotated[int, POSITIVE] = 24  # answer tokens per row
+    # Pruning ratios drawn per training row (the share of visual tokens the draft does not see, kept at random).
+    ratios: tuple[Annotated[float, Range(0.0, 1.0)], ...] = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)
+    eval_ratios: tuple[Annotated[float, Range(0.0, 1.0)], ...] = (0.0, 0.8)
+    mix: tuple[float, float, float] = (0.8, 0.12, 0.08)  # sampling weights of fashion, digits, photos
+    photo_crops: Annotated[int, COUNT] = 64
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -182,13 +182,15 @@ def test_every_sage_recipe_loads_as_its_kind():
     from configs.sage import smollm2_eagle
     from sage_jax.io.paper_targets import PaperTargets
     from sage_jax.training.recipe import DraftRecipe
-    from sage_jax.training.vlm_recipe import VLMRecipe
+    from sage_jax.training.vlm_recipe import DraftVLMRecipe, VLMRecipe
 
     names = {m.name for m in pkgutil.iter_modules(configs.sage.__path__)}
-    assert names == {"tiny", "smollm2_eagle", "smollm2_vlm", "paper_targets"}
-    kinds = {n: cli.load_config(n, "configs.sage", (DraftRecipe, VLMRecipe, PaperTargets)) for n in sorted(names)}
-    assert [type(kinds[n]) for n in ("tiny", "smollm2_eagle", "smollm2_vlm", "paper_targets")] == [
-        DraftRecipe, DraftRecipe, VLMRecipe, PaperTargets]
+    assert names == {"tiny", "smollm2_eagle", "smollm2_vlm", "smollm2_vlm_draft", "paper_targets"}
+    kinds = {n: cli.load_config(n, "configs.sage", (DraftRecipe, VLMRecipe, DraftVLMRecipe, PaperTargets))
+             for n in sorted(names)}
+    assert [type(kinds[n]) for n in ("tiny", "smollm2_eagle", "smollm2_vlm", "smollm2_vlm_draft",
+                                     "paper_targets")] == [DraftRecipe, DraftRecipe, VLMRecipe, DraftVLMRecipe,
+                                                           PaperTargets]
     stages = {s: cli.load_config(f"smollm2_eagle:{s}", "configs.sage", DraftRecipe) for s in smollm2_eagle.STAGES}
     assert stages["device"] == kinds["smollm2_eagle"]  # the default: the shipped head's last stage
     scratch = stages["scratch"]

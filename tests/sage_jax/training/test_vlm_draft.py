@@ -1,0 +1,170 @@
+"""The separate draft VLM: pruned rows, its loss, its checkpoint around the default target's LM, and SAGE with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import checkpoint
+from sage_jax.decoding.visual_pruning import keep_counts
+from sage_jax.models import llava_onevision as lo
+from sage_jax.models import serving_lm
+from sage_jax.training import loop, vlm_data, vlm_draft, vlm_head, vlm_model, vlm_stages
+from sage_jax.training.vlm_recipe import DraftVLMRecipe, StageConfig
+
+from .test_vlm_stages import _tiny_parts
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from sage_jax.io import loader
+
+    return vlm_model.tokenizer(loader.load_lm(loader.default_target())[2])
+
+
+@pytest.fixture(scope="module")
+def tiny(tok):
+    """Tiny parts, a random target VLM around them, its answers to 8 images, and a 1-layer draft recipe."""
+    parts = _tiny_parts(tok)
+    own = vlm_stages.init_params(parts.cfg, 0)
+    images = parts.data["fashion"].pixels[:8]
+    rows = vlm_head.answer_rows(parts, own, images, [vlm_data.DEFAULT_QUESTION] * 8, max_new=6, batch=8)
+    c = DraftVLMRecipe(tower_layers=1, lm_layers=1, rows=8, heldout_rows=8, max_new_tokens=6,
+                       train=StageConfig(steps=8, batch_size=4, lr=3e-3, warmup=0, ckpt_every=4))
+    return parts, own, rows, c
+
+
+def test_keep_mask_keeps_what_decoding_keeps(tiny):
+    parts, _, rows, _ = tiny
+    img = parts.cfg.image_token_id
+    n_vis = int((rows["tokens"][0] == img).sum())
+    ratios = np.asarray([0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.8, 0.0])
+    keep = vlm_draft.keep_mask(rows["tokens"], img, ratios, np.random.default_rng(0))
+    text = rows["tokens"] != img
+    assert (keep | ~text).all()  # every text slot is seen
+    assert [int((keep & ~text)[i].sum()) for i in range(8)] == [keep_counts(n_vis, 0, (r, 0.0))[0] for r in ratios]
+
+
+def test_a_pruned_row_is_the_compacted_prompt_decoding_runs(tiny):
+    """Masking the pruned visual slots out (training) gives the logits of the compacted prompt with the target's
+    positions (decoding's draft prompt), up to float32 rounding."""
+    parts, own, rows, c = tiny
+    dcfg = vlm_draft.config(c, parts.cfg)
+    params = vlm_draft.init_params(c, parts, own)
+    fz = {"embed": parts.lm_serving.embed}
+    targets = vlm_draft.answer_targets(rows, c.max_new_tokens)
+    idx = np.arange(1)
+    keep = vlm_draft.keep_mask(rows["tokens"][idx], dcfg.image_token_id, np.asarray([0.8]),
+                               np.random.default_rng(1))
+    b = vlm_draft.batch(rows, targets, idx, keep)
+    masked = np.asarray(vlm_draft.logits(dcfg, params, fz, b))
+    n, t = b["tokens"].shape
+    slots = jnp.nonzero(b["tokens"].reshape(-1) == dcfg.image_token_id, size=n * vlm_model.n_visual(dcfg))[0]
+    x = lo.embed_inputs(dcfg, vlm_model.plan(dcfg, n), {**{k: params[k] for k in ("vision", "projector",
+                                                                                  "image_newline")},
+                                                        "lm": {"embed": fz["embed"]}},
+                        b["tokens"], b["tiles"], None, slots.astype(jnp.int32), None)
+    lm = serving_lm.serving_params(dcfg.text, {"embed": fz["embed"], "blocks": params["blocks"],
+                                               "final_norm": params["final_norm"]})
+    positions = np.maximum(np.cumsum(b["valid"], axis=1) - 1, 0)
+    for i in range(n):
+        seen = np.flatnonzero(b["valid"][i] & keep[i])
+        m = len(seen)
+        mask = jnp.tril(jnp.ones((m, m), bool))[None]
+        h, _ = lm.forward(None, jnp.asarray(positions[i, seen][None], jnp.int32), mask,
+                          embeddings=x[i: i + 1, seen])
+        at = np.searchsorted(seen, b["where"][i])  # the answer slots in the compacted row
+        np.testing.assert_allclose(np.asarray(lm.head(h[:, at]))[0], masked[i], rtol=2e-4, atol=2e-4)
+
+
+def test_training_lowers_the_loss_and_resumes(tiny, tmp_path):
+    parts, own, rows, c = tiny
+    dcfg = vlm_draft.config(c, parts.cfg)
+    targets = vlm_draft.answer_targets(rows, c.max_new_tokens)
+    fz = {"embed": parts.lm_serving.embed}
+
+    def batch_fn(step):
+        rng = np.random.default_rng([0, step])
+        idx = rng.integers(8, size=4)
+        return vlm_draft.batch(rows, targets, idx, vlm_draft.keep_mask(rows["tokens"][idx], dcfg.image_token_id,
+                                                                       rng.choice(c.ratios, size=4), rng))
+
+    p0 = vlm_draft.init_params(c, parts, own)
+    res = loop.stage("draft_vlm", c.train, p0, lambda p, f, b: vlm_draft.loss(dcfg, p, f, b), batch_fn,
+                     str(tmp_path), frozen=fz, progress=False)
+    first = float(vlm_draft.loss(dcfg, p0, fz, batch_fn(0))[0])
+    assert float(vlm_draft.loss(dcfg, res.params, fz, batch_fn(0))[0]) < first
+    assert vlm_draft.agreement(dcfg, res.params, fz, rows, targets, 0.8, 0, size=4) >= 0.0
+
+
+def test_the_draft_checkpoint_keeps_its_own_layers_around_the_default_lm(tiny, tmp_path):
+    """`save_adapter` with `params["lm"]`: only the draft's own layers and final norm are stored; loading puts
+    them under the given language model's embedding, in module and in serving form alike; a draft with more
+    layers than that language model is refused in one line."""
+    from sage_jax.io import vlm_checkpoint
+
+    parts, own, _, c = tiny
+    dcfg = vlm_draft.config(c, parts.cfg)
+    params = jax.tree.map(lambda x: np.asarray(x) + 0.01, vlm_draft.init_params(c, parts, own))  # not the target's
+    (tmp_path / "target").mkdir()  # what the provenance names
+    path = vlm_draft.export(c, dcfg, parts, params, str(tmp_path / "draft"), str(tmp_path / "target"))
+    meta = checkpoint.read_metadata(path)
+    assert vlm_checkpoint.own_lm(path) and sorted(k for k in meta["params"] if k.startswith("lm/"))
+    assert not any(k.startswith("lm/embed") for k in meta["params"])
+    decoder = vlm_draft_decoder(parts)
+    _, cfg, module = vlm_checkpoint.load_checkpoint(path, language_model=(parts.cfg.text, decoder))
+    assert cfg.text.n_layers == 1 and cfg.vision.num_layers == 1
+    got = module.lm.params()
+    np.testing.assert_array_equal(np.asarray(got["blocks"]["wq"]), params["blocks"]["wq"])
+    np.testing.assert_array_equal(np.asarray(got["embed"]), np.asarray(parts.lm_params["embed"]))
+    _, _, _, lm = vlm_checkpoint.load_serving(path, language_model=parts.lm_serving)
+    want = serving_lm.serving_params(dcfg.text, {"embed": parts.lm_serving.embed, "blocks": params["blocks"],
+                                                 "final_norm": params["final_norm"]})
+    tokens = jnp.asarray([[5, 6, 7, 8]], jnp.int32)
+    pos = jnp.arange(4, dtype=jnp.int32)[None]
+    mask = jnp.tril(jnp.ones((4, 4), bool))[None]
+    np.testing.assert_allclose(np.asarray(lm.forward(tokens, pos, mask)[0]), np.asarray(want.forward(tokens, pos,
+                                                                                                     mask)[0]),
+                               rtol=1e-6, atol=1e-6)
+    deeper = vlm_draft.export(c, dataclasses.replace(dcfg, text=dcfg.text.replace(n_layers=3)), parts, params,
+                              str(tmp_path / "deeper"), str(tmp_path / "target"))
+    with pytest.raises(checkpoint.CheckpointError, match="another language model"):
+        vlm_checkpoint.load_serving(deeper, language_model=parts.lm_serving)
+
+
+def vlm_draft_decoder(parts):
+    from flax import nnx
+
+    from sage_jax.models.decoder import Decoder
+
+    d = Decoder(parts.cfg.text, rngs=nnx.Rngs(0))
+    nnx.replace_by_pure_dict(nnx.state(d, nnx.Param), parts.lm_params)
+    return d
+
+
+@pytest.mark.integration
+def test_sage_with_a_draft_vlm_cut_from_the_shipped_vlm_equals_ar(tmp_path):
+    """The real pair: the shipped VLM and a draft cut from it (2 tower layers, 2 LM layers, untrained) through
+    `load_engine`: SAGE's answer to a held-out image is AR's, at pruning ratios 0 and 0.8."""
+    from sage_jax.engine import load_engine
+    from sage_jax.io import loader
+
+    c = DraftVLMRecipe(train=StageConfig(steps=1, batch_size=1, lr=1e-3))
+    path, parts, own = vlm_draft.target(c)
+    dcfg = vlm_draft.config(c, parts.cfg)
+    draft = vlm_draft.export(c, dcfg, parts, vlm_draft.init_params(c, parts, own), str(tmp_path / "draft"), path)
+    image = os.path.join(tmp_path, "x.png")
+    from PIL import Image
+
+    Image.fromarray(vlm_draft.heldout_images(1)[0]).save(image)
+    eng = load_engine(loader.default_vlm(), draft)
+    ar = eng.generate(["What is in this image?"], images=[[image]], policy="ar", max_new_tokens=12)
+    for ratio in (0.0, 0.8):
+        sage = eng.generate(["What is in this image?"], images=[[image]], policy="sage", max_new_tokens=12,
+                            prune_ratio=ratio)
+        assert sage.token_ids == ar.token_ids
