@@ -189,10 +189,10 @@ def run(c: DraftVLMRecipe, workdir: str, *, progress: bool = True, log: Callable
     log(f"draft VLM: {c.tower_layers} of {parts.cfg.vision.num_layers} tower layers, {c.lm_layers} of "
         f"{parts.cfg.text.n_layers} LM layers; the target ({path}) answers {c.rows} training images")
     rows = _rows(os.path.join(workdir, "data.npz"),
-                 lambda: vlm_head.rollout(c, parts, own, c.rows, max_new=c.max_new_tokens))
+                 lambda: vlm_head.rollout(c, parts, own, c.rows, max_new=c.max_new_tokens, progress=progress))
     images = heldout_images(c.heldout_rows)
     held = _rows(os.path.join(workdir, "heldout.npz"), lambda: vlm_head.answer_rows(
-        parts, own, images, [vlm_data.DEFAULT_QUESTION] * len(images), c.max_new_tokens))
+        parts, own, images, [vlm_data.DEFAULT_QUESTION] * len(images), c.max_new_tokens, progress=progress))
     width = c.max_new_tokens
     targets, held_targets = answer_targets(rows, width), answer_targets(held, width)
     lm = parts.lm_serving

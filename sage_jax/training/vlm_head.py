@@ -26,19 +26,19 @@ from sage_jax.training import loop, vlm_data, vlm_model
 from sage_jax.training.vlm_recipe import VLMRecipe
 
 
-def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new: int = 24, batch: int = 32
-            ) -> dict[str, np.ndarray]:
+def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new: int = 24, batch: int = 32,
+            progress: bool = False) -> dict[str, np.ndarray]:
     """`n` training images (the recipe's mix) with questions from the templates, answered greedily by the VLM:
     left-padded prompt + answer (+ <|im_end|>) rows, and the images' pixels. One compile (fixed width)."""
     rng = np.random.default_rng([c.seed, 4])
     picks = vlm_model.draw(c, parts.data, rng, n)
     questions = [vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0] for s, r in picks]
     images = np.stack([parts.data[s].pixels[r] for s, r in picks])
-    return answer_rows(parts, params, images, questions, max_new, batch)
+    return answer_rows(parts, params, images, questions, max_new, batch, progress=progress)
 
 
 def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questions: list[str], max_new: int = 24,
-                batch: int = 32) -> dict[str, np.ndarray]:
+                batch: int = 32, progress: bool = False) -> dict[str, np.ndarray]:
     """The VLM's greedy answers to `questions` about `images` [N, 28, 28, 3]: left-padded prompt + answer
     (+ <|im_end|>) rows ("tokens", "valid"; "answer": slot t scores its prediction of token t + 1, an answer
     token) and the images. One compile per width."""
@@ -54,7 +54,10 @@ def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questi
         tokens[i, width - len(x):], valid[i, width - len(x):] = x, True
     full = {**params, "lm": parts.lm_params}
     out = np.zeros((n, max_new), np.int32)
-    for i in range(0, n, batch):  # the last batch padded with copies of its first row: the same shapes, no compile
+    from tqdm.auto import tqdm
+
+    # The last batch is padded with copies of its first row: the same shapes, no compile.
+    for i in tqdm(range(0, n, batch), desc="answers", unit="batch", disable=not progress, leave=False):
         rows = np.arange(i, min(i + batch, n))
         take = np.concatenate([rows, np.full(batch - len(rows), rows[0])])
         tok_b, val_b = tokens[take], valid[take]
