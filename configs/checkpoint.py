@@ -437,7 +437,8 @@ def seal_step(mngr: Any, step: int) -> None:
     their sums as every other checkpoint does, so a resume (`restore_step`) refuses damaged bytes in one line
     instead of handing them to Orbax."""
     mngr.wait_until_finished()
-    write_sums(step_folder(mngr, step), remember=False)
+    if jax.process_index() == 0:  # one writer of a shared folder (every process of a multi-host run waited)
+        write_sums(step_folder(mngr, step), remember=False)
 
 
 def restore_step(mngr: Any, step: int, args: Any, verify: bool = True) -> Any:
