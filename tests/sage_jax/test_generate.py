@@ -153,13 +153,36 @@ def vlm_dirs(tmp_path_factory):
     target = tiny_vlm("qwen2_5_vl", 0, root / "p0")
     draft = tiny_vlm("qwen2_5_vl", 1, root / "p1", n_layers=1, like=target, noise=0.05)
     small = tiny_vlm("llava_onevision", 0, root / "p2", video=False, max_position=64)
+    short = tiny_vlm("llava_onevision", 0, root / "p3", max_position=64)
     out = {"target": vlm_checkpoint.save(target, root / "qwen2.5-vl-72b"),
            "draft": vlm_checkpoint.save(draft, root / "qwen2.5-vl-7b"),
-           "image_only": vlm_checkpoint.save(small, root / "llava-image-only"), "root": str(root)}
+           "image_only": vlm_checkpoint.save(small, root / "llava-image-only"),
+           "short": vlm_checkpoint.save(short, root / "llava-64-tokens"),
+           "wide_vocab": vlm_checkpoint.save(_wider_vocab(target, root / "p4"), root / "qwen2.5-vl-wide-vocab"),
+           "root": str(root)}
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)).save(root / "cat.png")
     np.save(root / "clip.npy", rng.integers(0, 256, (4, 56, 56, 3), dtype=np.uint8))
+    os.makedirs(root / "no_frames")
+    np.save(root / "long_clip.npy", rng.integers(0, 256, (32, 56, 56, 3), dtype=np.uint8))
     return out
+
+
+def _wider_vocab(like, directory):
+    """A one-layer draft VLM of `like`'s family whose LM has 64 more vocabulary rows than `like`'s."""
+    import dataclasses
+
+    from flax import nnx
+
+    from sage_jax.bench.tiny_vlm import tiny_vlm
+    from sage_jax.io.vision_lm import VisionLM
+    from sage_jax.models.qwen25_vl import Qwen25VL
+
+    small = tiny_vlm("qwen2_5_vl", 1, directory, n_layers=1, like=like)
+    cfg = small.config.replace(text=dataclasses.replace(small.config.text,
+                                                        vocab_size=small.config.text.vocab_size + 64))
+    return VisionLM(Qwen25VL(cfg, rngs=nnx.Rngs(1)), small.tokenizer, processor_dir=str(directory),
+                    source="tiny qwen2_5_vl, wider vocabulary")
 
 
 BAD = {
@@ -190,6 +213,13 @@ BAD = {
     "visual_tokens_too_many": (["--target", "{image_only}", "--image", "{root}/cat.png", "--max-new-tokens", "4"],
                                "visual tokens"),
     "vlm_text_draft": (["--target", "{vlm}", "--draft", "{tiny}", "--image", "{root}/cat.png"], "draft"),
+    "vlm_draft_family": (["--target", "{vlm}", "--draft", "{image_only}", "--image", "{root}/cat.png"],
+                         "must be of the target's family"),
+    "vlm_draft_vocab": (["--target", "{vlm}", "--draft", "{root}/qwen2.5-vl-wide-vocab", "--image",
+                         "{root}/cat.png"], "vocabulary"),
+    "video_too_many_frames": (["--target", "{root}/llava-64-tokens", "--video", "{root}/long_clip.npy",
+                               "--max-new-tokens", "4"], "visual tokens"),
+    "video_empty_folder": (["--video", "{root}/no_frames"], "holds no frame images"),
     "bad_int": (["--max-new-tokens", "many"], "expected an integer"),
     "mesh_axis": (["--mesh", "data=1,tensor=2"], "unknown mesh axis 'tensor'"),
     "mesh_size": (["--mesh", "model=0"], "positive integer"),
