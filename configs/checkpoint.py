@@ -374,7 +374,8 @@ class Reader:
     def read(self, key: str, index: Any = ()) -> np.ndarray:
         """`key`'s array, or its slice `index` (anything numpy indexing takes on the stored shape), as numpy in the
         stored dtype."""
-        return np.asarray(self._array(key)[index].read().result())
+        with read_errors(self.path):
+            return np.asarray(self._array(key)[index].read().result())
 
     def chunk_shape(self, key: str) -> tuple[int, ...]:
         """The shape of `key`'s stored chunks: a read costs every chunk it touches, whole."""
@@ -388,7 +389,8 @@ class Reader:
         if key not in self._arrays:
             spec = {"driver": "zarr3" if self._zarr3 else "zarr",
                     "kvstore": {"driver": "ocdbt", "base": f"file://{self._params}", "path": key.replace("/", ".")}}
-            self._arrays[key] = ts.open(spec, context=self._context, open=True, read=True).result()
+            with read_errors(self.path):
+                self._arrays[key] = ts.open(spec, context=self._context, open=True, read=True).result()
         return self._arrays[key]
 
 

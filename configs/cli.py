@@ -73,13 +73,38 @@ def run(body: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] 
     compiling on its own threads, which can crash it, or Orbax's readers print their own tracebacks."""
     command = argv is None and getattr(body, "__module__", None) == "__main__"
     try:
-        return body(argv) or 0
+        with _ctrl_c_never_swallowed():
+            return body(argv) or 0
     except BadInput as e:
         print(f"error: {first_line(e)}", file=sys.stderr)
         return _end(EXIT_BAD_INPUT, command)
     except KeyboardInterrupt:
         print("\ninterrupted" + ("; rerun the same command to resume" if resumable else ""), file=sys.stderr)
         return _end(EXIT_INTERRUPTED, command)
+
+
+@contextlib.contextmanager
+def _ctrl_c_never_swallowed() -> Iterator[None]:
+    """A Ctrl-C that lands inside a callback Python runs for itself (XLA's garbage-collection callback, a
+    finaliser) is dropped with an "Exception ignored" note (`sys.unraisablehook`), and the command would run on to
+    its end: such a KeyboardInterrupt is delivered again, to the main thread once the hook has returned (from
+    another thread: delivered inside the hook, it would be dropped the same way)."""
+    import _thread
+    import threading
+
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            threading.Timer(0.05, _thread.interrupt_main).start()
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _end(code: int, command: bool) -> int:

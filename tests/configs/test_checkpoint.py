@@ -161,9 +161,10 @@ def test_every_checkpoint_carries_its_sums_and_every_load_checks_them(tmp_path, 
         checkpoint.restore(b)
     # Without sums (a checkpoint written before them) a truncated file is still one line, from Orbax's error.
     os.remove(os.path.join(b, checkpoint.SUMS_FILE))
-    with pytest.raises(checkpoint.CheckpointError, match="damaged or incomplete") as e:
-        checkpoint.restore(b)
-    assert "\n" not in str(e.value)
+    for load in (checkpoint.restore, lambda p: checkpoint.Reader(p).read("w")):
+        with pytest.raises(checkpoint.CheckpointError, match="damaged or incomplete") as e:
+            load(b)
+        assert "\n" not in str(e.value) and os.fspath(b) in str(e.value)
 
 
 def test_training_checkpoints_carry_their_sums_and_a_damaged_step_is_one_line(tmp_path):

@@ -149,6 +149,27 @@ def test_run_turns_ctrl_c_into_one_line_and_exit_130(capsys):
     assert capsys.readouterr().err.strip() == "interrupted; rerun the same command to resume"
 
 
+def test_a_ctrl_c_python_would_swallow_still_ends_the_command(capsys):
+    """A KeyboardInterrupt raised inside a callback Python runs for itself (here a finaliser; in `generate`, XLA's
+    garbage-collection callback) is only noted as "Exception ignored"; `run` delivers it again, so the command stops
+    with exit 130 instead of running on to exit 0."""
+    import time
+
+    class Dropped:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    def body(argv):
+        Dropped()  # its finaliser's KeyboardInterrupt is unraisable: Python drops it
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        return 0
+
+    assert cli.run(body, []) == 130
+    assert capsys.readouterr().err.strip().endswith("interrupted")
+
+
 def test_every_pgla_preset_loads_as_its_kind():
     # Every file in configs/pgla is data (a ConfigDict with a kind) that builds an ExperimentConfig or a
     # DenoiserConfig; denoiser presets fit their victim's gradient (the U-Net's downsampling divides the side).
