@@ -207,3 +207,24 @@ def test_attack_out_naming_a_file_and_no_empty_folder(tmp_path, capsys):
 def test_an_unwritable_output_is_one_line_before_any_work(module, argv, capsys):
     assert importlib.import_module(module).main(argv) == 2
     _one_line(capsys, "cannot write to")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cases the boundary fuzz above would also let pass as exit 0 (a value some flag or field may take): each pinned.
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module,argv,needle", [
+    ("pgla_jax.attack", ["--iterations", "-1"], "--iterations"),
+    ("pgla_jax.attack", ["--iterations", "0"], "--iterations"),
+    ("sage_jax.train_draft", ["--config", "smollm2_eagle", "--set", "eagle.train.steps=-5"], "steps"),
+    ("sage_jax.train_vlm", ["--config", "smollm2_vlm", "--set", "align.steps=-1"], "steps"),
+    ("pgla_jax.train_denoiser", ["--config", "denoiser_tiny", "--set", "unet.width=0"], "unet.width"),
+])
+def test_nonsense_settings_are_refused_before_any_work(module, argv, needle, tmp_path, capsys):
+    """A negative or zero count of attack iterations or training steps, a denoiser of width 0: one line and exit 2
+    (they once ran to exit 0 with an untrained head or a results table, or to a ZeroDivisionError)."""
+    main = importlib.import_module(module).main
+    extra = ["--workdir", str(tmp_path / "w")] if module != "pgla_jax.attack" else ["--out", str(tmp_path / "o")]
+    assert main([*argv, *extra]) == 2
+    _one_line(capsys, needle)
+    assert not os.listdir(tmp_path)  # refused before any folder was made

@@ -135,3 +135,16 @@ def test_vlm_quick_run_reports_the_pruning_sweep(tmp_path, monkeypatch):
     assert os.path.getsize(tmp_path / "vlm_pruning.png") > 10_000
     assert {"commit", "command", "draft_sha256", "cpu", "cores", "jax", "jaxlib", "backend"} <= set(out["provenance"])
 
+
+
+def test_quick_keeps_the_sweep_it_was_given():
+    """`--quick` trims the methods to a smoke set, but never the fixed budgets `--sweep` asked for."""
+    from sage_jax.bench import suite
+    from sage_jax.bench.__main__ import parse
+
+    s = suite.build(parse(["--quick", "--sweep", "7", "--no-hf"]))
+    try:
+        names = [m.name for m in s.methods]
+    finally:
+        s.close()
+    assert "sage-fixed-7" in names and "sage" in names, names
