@@ -302,6 +302,16 @@ class Engine:
             return budget_lib.cached_profile(pkey, lambda: budget_lib.measure_profile(
                 self._lm_t, self._lm_d, self.draft_spec, capacity, v_sizes, d_sizes), self.profile_dir)
 
+    def cost_arches(self, dtype: str | None = None) -> tuple[cost_model.Arch, cost_model.Arch]:
+        """The cost model's shapes of the target and of its draft (their weights and caches in `dtype`; default:
+        as loaded), e.g. to project this pair's speed on another chip (`cost_model.auto_choice`)."""
+        target = cost_model.Arch.of(self.cfg, dtype)
+        draft = cost_model.draft_arch(self.draft_spec, self.cfg, self._lm_d)
+        if dtype is not None:
+            size = cost_model.Arch.of(self.cfg, dtype).weight_bytes
+            draft = dataclasses.replace(draft, weight_bytes=size, cache_bytes=size)
+        return target, draft
+
     def _modelled_profile(self, capacity: int, v_sizes, d_sizes) -> budget_lib.CostProfile | None:
         """On a TPU or GPU the cost model knows (`cost_model.chip_for`), its predicted profile, so that the first
         request already drafts the trees that pay there; None on a CPU or an unknown chip (measured at once)."""
@@ -650,7 +660,8 @@ def load_engine(target: str | os.PathLike | CausalLM | VisionLM | None = None,
                 if os.fspath(draft) == loader.DEFAULT_DRAFT else "shipped EAGLE head (the VLM's, smollm2_vlm/draft)")
     else:
         d = (loader.load_vision_serving if loader.is_vision_lm(draft) else loader.load)(draft, dtype=dtype, mesh=mesh)
-        desc = f"{'VLM' if isinstance(d, VisionLM) else 'LM'} {os.fspath(draft)}"
+        desc = ("shipped draft VLM (smollm2_vlm_draft)" if shipped and os.fspath(draft) == loader.DEFAULT_VLM_DRAFT
+                else f"{'VLM' if isinstance(d, VisionLM) else 'LM'} {os.fspath(draft)}")
         v_d, v_t = d.serving().cfg.vocab_size, lm_t.serving().cfg.vocab_size
         if v_d != v_t:
             raise ValueError(f"the draft's vocabulary ({v_d}) is not the target's ({v_t})")

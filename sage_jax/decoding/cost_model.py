@@ -274,8 +274,6 @@ def project(preset: paper_targets.TpuPreset, chip: Chip, *, tp: int, context: in
     thousands of visual tokens): AR's step, the widest verify that costs about one step, SAGE's step with the
     policy's full tree (`policy`, default the paper's SAGE) accepting the paper's τ, and with `acceptance` (an
     `AcceptanceStats` of that policy's sizes) the budget the chooser takes on the predicted profile."""
-    from sage_jax.decoding import budget as budget_lib
-    from sage_jax.decoding import widths
     from sage_jax.decoding.policies import TreePolicy
 
     pol = policy or TreePolicy.sage()
@@ -291,17 +289,30 @@ def project(preset: paper_targets.TpuPreset, chip: Chip, *, tp: int, context: in
     paper_tok_s = (preset.reported.tau + 1) / step if preset.reported else float("nan")
     chosen = per_step = chosen_tok_s = None
     if acceptance is not None:
-        prof = predicted_profile(target, draft, chip, widths.verify_sizes(pol.tree_size),
-                                 widths.draft_sizes(pol.frontier), **kw)
-        ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
-                                      acceptance=acceptance)
-        chosen = ch.best()
-        per_step = ch.expected_tau(*chosen) + 1
-        chosen_tok_s = per_step / (ch.step_cost(*chosen) / 1e3)
+        chosen, per_step, chosen_tok_s = auto_choice(target, draft, chip, acceptance, policy=pol, **kw)
     return Projection(pair=preset.name, chip=chip.name, tp=tp, weights_gib_per_chip=weights, ar_ms=ar * 1e3,
                       flat_rows=flat_until(target, chip, **kw), paper_tree=tree, paper_tok_s=paper_tok_s,
                       chosen=chosen, chosen_tokens_per_step=per_step, chosen_tok_s=chosen_tok_s,
                       reported=preset.reported)
+
+
+def auto_choice(target: Arch, draft: Arch | None, chip: Chip, acceptance, *, policy=None, context: int = 1024,
+                tp: int = 1) -> tuple[tuple[int, int], float, float]:
+    """The budget (nodes, depth) `--budget auto` takes for `target` drafted by `draft` (None: a self-draft) on `tp`
+    chips of `chip`, from the predicted profile and `acceptance` (an `AcceptanceStats` of the policy's sizes), with
+    the tokens per step it expects and the tokens/s that makes."""
+    from sage_jax.decoding import budget as budget_lib
+    from sage_jax.decoding import widths
+    from sage_jax.decoding.policies import TreePolicy
+
+    pol = policy or TreePolicy.sage()
+    prof = predicted_profile(target, draft, chip, widths.verify_sizes(pol.tree_size),
+                             widths.draft_sizes(pol.frontier), context=context, tp=tp)
+    ch = budget_lib.BudgetChooser(prof, n_max=pol.n_max, d_cap=pol.d_cap, frontier=pol.frontier,
+                                  acceptance=acceptance)
+    chosen = ch.best()
+    per_step = ch.expected_tau(*chosen) + 1
+    return chosen, per_step, per_step / (ch.step_cost(*chosen) / 1e3)
 
 
 def projection_table(rows: list[Projection]) -> str:
