@@ -90,9 +90,9 @@ def _main(argv: list[str] | None) -> int:
     else:
         draft_path = args.draft or (loader.default_draft() if args.target is None and args.draft_layers is None
                                     else None)
-    if args.write_prior and (draft_path is None or lm_checkpoint.kind_of(draft_path)
-                             not in (lm_checkpoint.KIND, lm_checkpoint.HEAD_KIND)):
-        raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped head)")
+    kinds = (lm_checkpoint.KIND, lm_checkpoint.HEAD_KIND, *((lm_checkpoint.VLM_KIND,) if args.vlm else ()))
+    if args.write_prior and (draft_path is None or lm_checkpoint.kind_of(draft_path) not in kinds):
+        raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped draft)")
     if args.write_prior and policy_kw:
         raise cli.BadInput("--write-prior stores the plain policies' prior; give it no --retrieval or --datastore")
 

@@ -24,8 +24,8 @@ evenly spaced).
 whose language model is the default SmolLM2-135M-Instruct and whose small vision tower and projector were trained
 here, offline, on Fashion-MNIST, handwritten digits and a few photos (`python -m sage_jax.train_vlm`). Its image
 understanding is home-trained and narrow: it names clothes of the ten Fashion-MNIST kinds and digits, and little
-else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped head
-fine-tuned on its answers.
+else; give `--target` a real Qwen2.5-VL or LLaVA-OneVision directory for real images. Its draft is the shipped draft
+VLM (`sage_jax/assets/smollm2_vlm_draft`: its own small tower and SmolLM2's first 2 layers, distilled on its answers).
 
 `--mesh data=1,model=8` places target and draft on a device mesh by the inference rules of `configs/sharding.py`
 (here 8-way tensor parallel) and decodes there; in a multi-host job (a TPU pod slice) the same command runs on every

@@ -7,10 +7,11 @@
 Two tables, side by side in one process: AR vs every tree policy (chain, static, EAGLE-2, SAGE) at the engine's
 pruning ratios (the paper's 0.8 / 0.9 by default), and the draft pruning-ratio sweep of the paper's Table 5 (SAGE at
 each ratio: τ, τ+1, tokens/s, and the target's and the draft's prefill seconds, each compiled and timed apart).
-Without `--target` the pair is the shipped home-trained VLM (SmolLM2-135M-Instruct with its own tower) and the
-shipped head, asked about held-out Fashion-MNIST test images (never trained on; `--prompts N` of them, default 8),
-and the table says how many answers name the right class. With another target and no `--image` / `--video` the
-prompts ask about scikit-image's sample photos. `--quick`: a tiny random Qwen2.5-VL pair and two synthetic images
+Without `--target` the pair is the shipped home-trained VLM (SmolLM2-135M-Instruct with its own tower) and its
+shipped draft VLM (`--draft sage_jax/assets/smollm2_vlm/draft`: its EAGLE-style head), asked about held-out
+Fashion-MNIST test images (never trained on; `--prompts N` of them, default 8), and the table says how many answers
+name the right class. With another target and no `--image` / `--video` the prompts ask about scikit-image's sample
+photos. `--quick`: a tiny random Qwen2.5-VL pair and two synthetic images
 (CI smoke run). Writes DIR/vlm_bench.json (with what produced it: `configs.provenance`) and DIR/vlm_pruning.png.
 """
 

@@ -35,6 +35,7 @@ from sage_jax.models.decoder import Decoder
 
 KIND = "lm"
 HEAD_KIND = "eagle_head"
+VLM_KIND = "vlm"  # a vision-language model (`vlm_checkpoint`); a draft VLM carries a prior like the other drafts
 TOKENIZER_DIR = "tokenizer"
 ACCEPTANCE_FILE = "acceptance.json"
 
@@ -262,8 +263,8 @@ def read_acceptance(path: str | os.PathLike) -> dict[str, Any]:
 
 def write_acceptance(path: str | os.PathLike, data: Mapping[str, Any]) -> str:
     """Writes (replaces) the `acceptance.json` of the checkpoint at `path`. Returns the file's path."""
-    if kind_of(path) not in (KIND, HEAD_KIND):
-        raise ValueError(f"{os.fspath(path)} is not a draft checkpoint of ours (an LM or an EAGLE-style head)")
+    if kind_of(path) not in (KIND, HEAD_KIND, VLM_KIND):
+        raise ValueError(f"{os.fspath(path)} is not a draft checkpoint of ours (an LM, a VLM or an EAGLE-style head)")
     file = os.path.join(os.fspath(path), ACCEPTANCE_FILE)
     with open(file + ".tmp", "w") as f:
         json.dump(data, f, indent=1)

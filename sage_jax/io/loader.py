@@ -86,11 +86,27 @@ def default_vlm() -> str:
     return DEFAULT_VLM
 
 
+# The separate draft VLM of the shipped VLM (`configs/sage/smollm2_vlm_draft.py`), the paper's kind of draft: its own
+# 2-layer tower and SmolLM2's first 2 layers with their own final norm, distilled on the VLM's answers while seeing a
+# random share of the visual tokens; it stores those layers only (the default target's embedding and head are shared).
+DEFAULT_VLM_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                                 "smollm2_vlm_draft")
+
+
 def default_vlm_draft() -> str | None:
-    """The shipped VLM's draft: the shipped head fine-tuned on its answers (`DEFAULT_VLM/draft`), else the
-    shipped text head (or None)."""
-    own = os.path.join(default_vlm(), "draft")
-    return own if os.path.isfile(os.path.join(own, "metadata.json")) else default_draft()
+    """The shipped VLM's draft: the separate draft VLM (`DEFAULT_VLM_DRAFT`), else the shipped head fine-tuned on
+    its answers (`DEFAULT_VLM/draft`), else the shipped text head (or None); checked against its sha256."""
+    vlm = default_vlm()
+    if os.path.isfile(os.path.join(DEFAULT_VLM_DRAFT, "metadata.json")):
+        verify_manifest(DEFAULT_VLM_DRAFT)
+        return DEFAULT_VLM_DRAFT
+    return vlm_head_draft(vlm) or default_draft()
+
+
+def vlm_head_draft(vlm: str | None = None) -> str | None:
+    """The shipped VLM's EAGLE-style head (the shipped text head fine-tuned on its answers), None when absent."""
+    own = os.path.join(vlm or default_vlm(), "draft")
+    return own if os.path.isfile(os.path.join(own, "metadata.json")) else None
 
 
 def default_draft() -> str | None:

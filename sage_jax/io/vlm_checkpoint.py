@@ -32,7 +32,7 @@ from configs import checkpoint, sharding
 from sage_jax.io import architectures, hf, lm_checkpoint
 from sage_jax.io.architectures import Architecture
 
-VLM_KIND = "vlm"
+VLM_KIND = lm_checkpoint.VLM_KIND
 PROCESSOR_DIR = "processor"
 # Files of an HF directory that the transformers image / video processors and chat templates read.
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json",

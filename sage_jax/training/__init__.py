@@ -16,5 +16,6 @@ and the home-trained VLM (`python -m sage_jax.train_vlm`).
     vlm_data      its image question / answer data
     vlm_model     its pieces around the weights (config, tokenizer, pixels)
     vlm_stages    its tower and align stages, evaluation and export
-    vlm_head      its draft: the shipped head fine-tuned on the VLM's answers
+    vlm_head      a draft of it: the shipped head fine-tuned on the VLM's answers
+    vlm_draft     the separate draft VLM: the target's first tower and LM layers distilled on its answers
 """

@@ -379,7 +379,7 @@ def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
     proc = _cli(dict(cli_env, SAGE_JAX_CACHE=cache_dir), "--image", str(path), "--budget", "static",
                 "--max-new-tokens", "16", "--compare", "--json", timeout=900)
     out = _json(proc)
-    assert "home-trained vision tower" in proc.stderr and "shipped EAGLE head" in proc.stderr
+    assert "home-trained vision tower" in proc.stderr and "shipped draft VLM" in proc.stderr
     assert out["compare"]["identical"], (out["text"], out["compare"])
     assert vlm_data.class_named(out["text"]) == int(test.labels[i]), out["text"]
     assert out["stats"]["draft_prompt_tokens"] < out["stats"]["prompt_tokens"]  # the draft saw a pruned image

@@ -41,13 +41,13 @@ def test_manifest_catches_a_changed_missing_or_extra_file(tmp_path, cache_dir):
 
 
 def test_shipped_drafts_carry_a_prior_the_chooser_uses():
-    """Both shipped drafts (the text head and the VLM's) carry `acceptance.json` for every tree policy, at the
-    policies' current static sizes: a prior of other sizes is silently ignored, and `--budget auto` would then
-    explore its first request with full trees (the VLM's once ran at 0.44x AR that way on a 2-core CPU)."""
+    """The shipped drafts (the text head, the VLM's draft VLM and its head) carry `acceptance.json` for every tree
+    policy, at the policies' current static sizes: a prior of other sizes is silently ignored, and `--budget auto`
+    would then explore its first request with full trees (the VLM's once ran at 0.44x AR that way on a 2-core CPU)."""
     from sage_jax.decoding.policies import TreePolicy
     from sage_jax.io import lm_checkpoint
 
-    for path in (loader.default_draft(), loader.default_vlm_draft()):
+    for path in (loader.default_draft(), loader.default_vlm_draft(), loader.vlm_head_draft()):
         policies = lm_checkpoint.read_acceptance(path)["policies"]
         assert {"sage", "eagle2", "static", "chain"} <= policies.keys(), path
         for name, prior in policies.items():
