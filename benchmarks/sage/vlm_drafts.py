@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     for r in range(args.rounds):
         order = methods if r % 2 == 0 else methods[::-1]
-        rounds.append({name: _measure(engines[d], prompts, pol, budget, args.max_new_tokens)
-                       for name, d, pol, budget in order})
+        rounds.append({name: _measure(engines[d], prompts, pol, "auto" if budget == "auto" else None,
+                                      args.max_new_tokens) for name, d, pol, budget in order})
     ar_tokens = [x["tokens"] for x in rounds[0]["AR"]["runs"]]
     rows = []
     for name, d, pol, budget in methods:
