@@ -106,7 +106,7 @@ def test_load_gives_the_engines_target_logits(shipped):
 @pytest.mark.slow  # 1-2 min; the shipped VLM's real weights: tests/examples (default), test_generate (integration)
 def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     """The shipped home-trained VLM: its language model is the default target's, bit for bit; its
-    default draft is the shipped head; on held-out Fashion-MNIST test images SAGE (a pruned image for the draft)
+    default draft is the shipped draft VLM; on held-out Fashion-MNIST test images SAGE (a pruned image for the draft)
     decodes exactly what AR decodes, and the answers name the images' classes."""
     import os
 
@@ -120,7 +120,7 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     _, text, _ = sage_jax.io.load_lm(sage_jax.default_target())
     jax.tree.map(np.testing.assert_array_equal, vlm.module.lm.params(), text.params())
     engine = sage_jax.load_engine(sage_jax.default_vlm())
-    assert engine.draft_spec.kind == "eagle" and "shipped" in engine.description
+    assert engine.draft_spec.kind == "model" and "shipped draft VLM" in engine.description
     # The draft ships its acceptance (`evaluate_draft --vlm --write-prior`), so --budget auto decides the first request
     # from it instead of exploring with full trees.
     assert {"sage", "eagle2", "static", "chain"} <= engine.acceptance_prior.keys()
@@ -134,7 +134,7 @@ def test_shipped_vlm_is_the_default_target_with_a_trained_tower(smollm2_path):
     ref = engine.generate(prompts, images=images, policy="ar", max_new_tokens=16)
     got = engine.generate(prompts, images=images, policy="sage", budget=None, max_new_tokens=16)
     assert got.token_ids == ref.token_ids
-    assert got.stats.draft_prompt_tokens < got.stats.prompt_tokens and got.stats.mean_accepted > 0.5
+    assert got.stats.draft_prompt_tokens < got.stats.prompt_tokens and got.stats.mean_accepted > 2
     named = [vlm_data.class_named(t) for t in ref.text]
     assert sum(k == int(y) for k, y in zip(named, test.labels[idx], strict=True)) >= 2, ref.text
 
