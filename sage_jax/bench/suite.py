@@ -69,12 +69,26 @@ def _fit_budget(m: M.Method) -> M.Method:
     return m
 
 
+def select_methods(args: argparse.Namespace, budget, *, datastore: bool) -> list[M.Method]:
+    """The methods a run measures: ours (with `--sweep`'s fixed budgets), transformers' and llama.cpp's, narrowed
+    by `--methods`, or by `--quick` to a smoke set that keeps the budgets `--sweep` asked for."""
+    methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=args.sweep,
+                                                              datastore=datastore)]
+    if not args.no_hf:
+        methods += M.hf_methods()
+    methods += M.llama_methods()
+    methods = _select(methods, args.methods)
+    if args.quick and not args.methods:
+        keep = {"ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted", *(f"sage-fixed-{n}" for n in args.sweep)}
+        methods = [m for m in methods if m.name in keep]  # --sweep's budgets stay: the user asked for them
+    return methods
+
+
 def build(args: argparse.Namespace) -> Suite:
     from sage_jax.decoding.drafters import DraftSpec
     from sage_jax.engine import Engine, load_engine
 
     budget = parse_budget(args.budget)
-    sweep = args.sweep
     att = dict(attention=args.attention, matmul=args.matmul)
     own, kinds = None, None
     if args.prompts_file:
@@ -106,15 +120,7 @@ def build(args: argparse.Namespace) -> Suite:
         else:
             kinds, texts = map(list, zip(*prompt_rows(args.prompt_set), strict=True))
         prompts = [engine.encode(p) for p in texts]
-    methods = [_fit_budget(m) for m in M.ours_methods(budget, ablations=not args.no_ablations, sweep=sweep,
-                                                              datastore=engine.datastore is not None)]
-    if not args.no_hf:
-        methods += M.hf_methods()
-    methods += M.llama_methods()
-    methods = _select(methods, args.methods)
-    if args.quick and not args.methods:
-        keep = {"ar", "ar-xla", "chain-lm", "sage", "hf-ar", "hf-assisted", *(f"sage-fixed-{n}" for n in sweep)}
-        methods = [m for m in methods if m.name in keep]  # --sweep's budgets stay: the user asked for them
+    methods = select_methods(args, budget, datastore=engine.datastore is not None)
     prompts = prompts[: args.prompts] if args.prompts else prompts
     kinds = kinds[: len(prompts)] if kinds else None
     gguf = None if args.quick else str(args.target or _default_target())

@@ -153,6 +153,7 @@ def test_a_ctrl_c_python_would_swallow_still_ends_the_command(capsys):
     """A KeyboardInterrupt raised inside a callback Python runs for itself (here a finaliser; in `generate`, XLA's
     garbage-collection callback) is only noted as "Exception ignored"; `run` delivers it again, so the command stops
     with exit 130 instead of running on to exit 0."""
+    import signal
     import time
 
     class Dropped:
@@ -166,7 +167,12 @@ def test_a_ctrl_c_python_would_swallow_still_ends_the_command(capsys):
             time.sleep(0.01)
         return 0
 
-    assert cli.run(body, []) == 130
+    # A command's Ctrl-C is Python's default handler (a test runner's worker may ignore SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert cli.run(body, []) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert capsys.readouterr().err.strip().endswith("interrupted")
 
 

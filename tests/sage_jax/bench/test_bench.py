@@ -142,9 +142,6 @@ def test_quick_keeps_the_sweep_it_was_given():
     from sage_jax.bench import suite
     from sage_jax.bench.__main__ import parse
 
-    s = suite.build(parse(["--quick", "--sweep", "7", "--no-hf"]))
-    try:
-        names = [m.name for m in s.methods]
-    finally:
-        s.close()
+    args = parse(["--quick", "--sweep", "7", "--no-hf"])
+    names = [m.name for m in suite.select_methods(args, suite.parse_budget(args.budget), datastore=False)]
     assert "sage-fixed-7" in names and "sage" in names, names

@@ -193,11 +193,16 @@ def json_round_trip(x):
 
 
 def test_the_shipped_draft_vlm_keeps_accepting_when_pruned():
-    """The paper's claim on the real pair (the shipped VLM and its draft VLM, two held-out images): SAGE equals AR
-    with the draft seeing every visual token and a fifth of them, and pruning to a fifth keeps at least 90% of the
-    accepted tokens (all 64 images and every ratio: benchmarks/sage/results/vlm_table5)."""
+    """The paper's claim on the real pair (the shipped VLM and its draft VLM): on two held-out images, SAGE (its
+    trees within 8 nodes) with the draft seeing a fifth of the visual tokens equals AR and accepts; on the committed
+    Table 5 of this very draft (64 images, full trees, both selections), τ at a fifth is within 10% of τ with every
+    visual token, and every output equalled AR's."""
+    import json
+
     from PIL import Image
 
+    from configs import provenance
+    from sage_jax.decoding.policies import TreePolicy
     from sage_jax.engine import load_engine
     from sage_jax.io import loader
 
@@ -205,11 +210,14 @@ def test_the_shipped_draft_vlm_keeps_accepting_when_pruned():
     images = [[Image.fromarray(x)] for x in vlm_draft.heldout_images(2)]
     prompts = [vlm_data.DEFAULT_QUESTION] * 2
     ar = engine.generate(prompts, images=images, policy="ar", max_new_tokens=12)
-    tau = {}
-    for ratio in (0.0, 0.8):
-        sage = engine.generate(prompts, images=images, policy="sage", max_new_tokens=12,
-                               prune_ratio=ratio)
-        assert sage.token_ids == ar.token_ids, ratio
-        tau[ratio] = sage.stats.mean_accepted
-    assert sage.stats.draft_prompt_tokens < sage.stats.prompt_tokens
-    assert tau[0.0] >= 2.0 and tau[0.8] >= 0.9 * tau[0.0], tau
+    small = TreePolicy.sage().fitted(8, 5)  # SAGE's trees within 8 nodes: a smaller program to compile
+    sage = engine.generate(prompts, images=images, policy=small, budget=(8, 5), max_new_tokens=12, prune_ratio=0.8)
+    assert sage.token_ids == ar.token_ids
+    assert sage.stats.draft_prompt_tokens < sage.stats.prompt_tokens and sage.stats.mean_accepted >= 2.0
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "sage", "results", "vlm_table5")
+    for run in ("draft_vlm_attention", "draft_vlm_uniform"):
+        with open(os.path.join(root, run, "vlm_bench.json")) as f:
+            out = json.load(f)
+        assert out["provenance"]["draft_sha256"] == provenance.checkpoint_sha256(loader.DEFAULT_VLM_DRAFT)
+        tau = {r["ratio"]: r["tau"] for r in out["sweep"]}
+        assert tau[0.8] >= 0.9 * tau[0.0] and all(r["same_as_ar"] for r in out["sweep"]), run
