@@ -82,6 +82,7 @@ def test_a_pruned_row_is_the_compacted_prompt_decoding_runs(tiny):
         np.testing.assert_allclose(np.asarray(lm.head(h[:, at]))[0], masked[i], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.integration  # 15-30 s; the shipped draft's own layers load in the default tier
 def test_training_lowers_the_loss_and_resumes(tiny, tmp_path):
     parts, own, rows, c = tiny
     dcfg = vlm_draft.config(c, parts.cfg)
@@ -102,6 +103,7 @@ def test_training_lowers_the_loss_and_resumes(tiny, tmp_path):
     assert vlm_draft.agreement(dcfg, res.params, fz, rows, targets, 0.8, 0, size=4) >= 0.0
 
 
+@pytest.mark.integration  # 15-30 s; the shipped draft's own layers load in the default tier
 def test_the_draft_checkpoint_keeps_its_own_layers_around_the_default_lm(tiny, tmp_path):
     """`save_adapter` with `params["lm"]`: only the draft's own layers and final norm are stored; loading puts
     them under the given language model's embedding, in module and in serving form alike; a draft with more
