@@ -90,8 +90,7 @@ def _main(argv: list[str] | None) -> int:
     else:
         draft_path = args.draft or (loader.default_draft() if args.target is None and args.draft_layers is None
                                     else None)
-    kinds = (lm_checkpoint.KIND, lm_checkpoint.HEAD_KIND, *((lm_checkpoint.VLM_KIND,) if args.vlm else ()))
-    if args.write_prior and (draft_path is None or lm_checkpoint.kind_of(draft_path) not in kinds):
+    if args.write_prior and (draft_path is None or lm_checkpoint.kind_of(draft_path) not in lm_checkpoint.DRAFT_KINDS):
         raise cli.BadInput("--write-prior needs a draft checkpoint of ours (--draft CKPT, or the shipped draft)")
     if args.write_prior and policy_kw:
         raise cli.BadInput("--write-prior stores the plain policies' prior; give it no --retrieval or --datastore")

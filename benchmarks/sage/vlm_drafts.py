@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                      "paper_tokens_per_step": paper.chosen_tokens_per_step,
                      "paper_speedup": paper.chosen_tok_s / paper.ar_tok_s})
     out = {"provenance": record, "machine": provenance.machine(record), "prompts": args.prompts,
-           "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "methods": rows, "projection": proj,
-           "right": None}
+           "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "methods": rows, "projection": proj}
     from sage_jax.training import vlm_data
 
     texts = [engines["draft VLM"].tokenizer.decode(t, skip_special_tokens=True) for t in ar_tokens]

@@ -36,6 +36,7 @@ from sage_jax.models.decoder import Decoder
 KIND = "lm"
 HEAD_KIND = "eagle_head"
 VLM_KIND = "vlm"  # a vision-language model (`vlm_checkpoint`); a draft VLM carries a prior like the other drafts
+DRAFT_KINDS = (KIND, HEAD_KIND, VLM_KIND)  # the checkpoints that can carry an `acceptance.json`
 TOKENIZER_DIR = "tokenizer"
 ACCEPTANCE_FILE = "acceptance.json"
 
@@ -263,7 +264,7 @@ def read_acceptance(path: str | os.PathLike) -> dict[str, Any]:
 
 def write_acceptance(path: str | os.PathLike, data: Mapping[str, Any]) -> str:
     """Writes (replaces) the `acceptance.json` of the checkpoint at `path`. Returns the file's path."""
-    if kind_of(path) not in (KIND, HEAD_KIND, VLM_KIND):
+    if kind_of(path) not in DRAFT_KINDS:
         raise ValueError(f"{os.fspath(path)} is not a draft checkpoint of ours (an LM, a VLM or an EAGLE-style head)")
     file = os.path.join(os.fspath(path), ACCEPTANCE_FILE)
     with open(file + ".tmp", "w") as f:
