@@ -53,6 +53,7 @@ from sage_jax.models.config import MATMULS
 
 DEFAULT_PROMPT = "What is speculative decoding? Explain it in two sentences."
 DEFAULT_IMAGE_PROMPT = "What is in this image?"  # with --image: the question the shipped VLM was trained on most
+DEFAULT_VIDEO_PROMPT = "Which items appear in this video?"  # with --video alone: the shipped VLM's clip question
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--draft-layers", type=cli.integer(1, 1000), metavar="N",
         help="self-draft: run the target's first N layers as the draft")
     arg("--prompt", metavar="TEXT", help="user message, chat-templated when possible (default: a question about "
-        "speculative decoding, or with --image / --video 'What is in this image?')")
+        "speculative decoding; with --image 'What is in this image?', with --video alone 'Which items appear in this "
+        "video?')")
     arg("--image", metavar="PATH", action="append", default=[], help="an image for a vision-language target "
         "(repeatable)")
     arg("--video", metavar="PATH", action="append", default=[], help="video frames for a vision-language target: "
@@ -169,7 +171,8 @@ def run(args: argparse.Namespace) -> dict:
     from sage_jax.io.loader import cache_dir, is_vision_lm
 
     if args.prompt is None:
-        args.prompt = DEFAULT_IMAGE_PROMPT if (args.images or args.videos) else DEFAULT_PROMPT
+        args.prompt = (DEFAULT_IMAGE_PROMPT if args.images else DEFAULT_VIDEO_PROMPT if args.videos
+                       else DEFAULT_PROMPT)
     with cli.reported(OSError, ValueError):
         if args.target is None and (args.images or args.videos):
             from sage_jax.io.loader import default_vlm

@@ -1,20 +1,22 @@
 """Where a draft pays on the home-trained VLM: AR against SAGE with the separate draft VLM and with the EAGLE-style
 head, full trees and `--budget auto`, in one process, and the cost model's projection of the same acceptance.
 
-    python benchmarks/sage/vlm_drafts.py [--prompts 32] [--max-new-tokens 16] [--rounds 2] [--chip v6e]
+    python benchmarks/sage/vlm_drafts.py [--prompts 32] [--max-new-tokens 16] [--rounds 2] [--chip v6e] [--clips]
                                          [--out benchmarks/sage/results/vlm_drafts]
 
 One copy of the shipped VLM serves both engines (`load_engine` with the loaded `VisionLM`); each draft sees the
-images pruned at the engine's default ratio (0.8). Every method compiles on the first prompt (timed apart), then
-answers the held-out Fashion-MNIST test images (`bench.vlm.heldout_images`); tokens/s count the prefill, most of
-a short VLM answer's time. The methods run in `--rounds` rounds, the order reversed each round, so that a noisy
+images pruned at the engine's default ratio (0.8; a clip's video tokens 0.9). Every method compiles on the first
+prompt (timed apart), then answers the held-out Fashion-MNIST test images (`bench.vlm.heldout_images`; with
+`--clips` the held-out clips, `vlm_data.heldout_clips`, asked which items appear); tokens/s count the prefill, most
+of a short VLM answer's time. The methods run in `--rounds` rounds, the order reversed each round, so that a noisy
 machine affects them alike; each round's ratio to its own AR is reported and the table gives the median.
 
 The projection (`sage_jax.decoding.cost_model`, bf16 weights and caches on one `--chip`): for each draft, the
 budget `--budget auto` would take there from the draft's acceptance record (`acceptance.json`, full SAGE trees on
 held-out images 100-131), its tokens per step and the speed-up over
 plain decoding; and the same acceptance on the paper's Qwen2.5-VL-72B + 7B pair on 8 chips (`lowering --project`).
-Every output is checked identical to AR's. Writes OUT/vlm_drafts.json (with what produced it) and OUT/vlm_drafts.md.
+Every output is checked identical to AR's. Writes OUT/vlm_drafts.json (with what produced it) and OUT/vlm_drafts.md
+(with `--clips`: OUT/vlm_drafts_clips.json and .md).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--chip", default="v6e")
     ap.add_argument("--out", default="benchmarks/sage/results/vlm_drafts")
+    ap.add_argument("--clips", action="store_true", help="held-out clips instead of held-out images")
     args = ap.parse_args(argv)
 
     from sage_jax.bench.vlm import _measure, heldout_images, heldout_questions
@@ -61,9 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     vlm = loader.load_vision_serving(loader.default_vlm())
     engines = {"draft VLM": load_engine(vlm, loader.DEFAULT_VLM_DRAFT), "EAGLE head": load_engine(vlm,
                                                                                                 loader.vlm_head_draft())}
-    images, labels = heldout_images(args.prompts)
-    questions = heldout_questions()
-    prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
+    from sage_jax.training import vlm_data
+
+    if args.clips:
+        clips, labels = vlm_data.heldout_clips(args.prompts)
+        prompts = [(vlm_data.VIDEO_QUESTION, [], [v]) for v in clips]
+    else:
+        images, labels = heldout_images(args.prompts)
+        questions = heldout_questions()
+        prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
     methods = [("AR", "draft VLM", "ar", None)] + [(f"SAGE {b}, {d}", d, "sage", b) for d in engines
                                                     for b in ("static", "auto")]
     rounds = []
@@ -98,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
                      "paper_speedup": paper.chosen_tok_s / paper.ar_tok_s})
     out = {"provenance": record, "machine": provenance.machine(record), "prompts": args.prompts,
            "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "methods": rows, "projection": proj}
-    from sage_jax.training import vlm_data
-
     texts = [engines["draft VLM"].tokenizer.decode(t, skip_special_tokens=True) for t in ar_tokens]
-    out["right"] = sum(vlm_data.class_named(t) == int(y) for t, y in zip(texts, labels, strict=True))
-    md = [f"# Drafts of the home-trained VLM: {args.prompts} held-out images, {args.max_new_tokens} new tokens", "",
+    if args.clips:
+        out["right"] = sum(vlm_data.classes_named(t) == {int(k) for k in y} for t, y in zip(texts, labels, strict=True))
+        what, named = "held-out clips", "name exactly the clip's items"
+    else:
+        out["right"] = sum(vlm_data.class_named(t) == int(y) for t, y in zip(texts, labels, strict=True))
+        what, named = "held-out images", "name the right class"
+    md = [f"# Drafts of the home-trained VLM: {args.prompts} {what}, {args.max_new_tokens} new tokens", "",
           provenance.markdown(record), "", f"{out['machine']}; {args.rounds} rounds (median ratio to AR); the "
-          f"answers name the right class for {out['right']} of {args.prompts}", "",
+          f"answers {named} for {out['right']} of {args.prompts}", "",
           "| method | tok/s (prefill included) | vs AR | per round | τ+1 | same as AR |", "|---|---|---|---|---|---|"]
     md += [f"| {r['method']} | {r['tokens_per_second']:.1f} | {r['vs_ar']:.2f}x | "
            f"{', '.join(f'{x:.2f}' for x in r['vs_ar_per_round'])} | {r['tau_plus_1']:.2f} | "
@@ -116,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
            f" | {tuple(p['paper_budget'])} | {p['paper_tokens_per_step']:.2f} | {p['paper_speedup']:.2f}x |"
            for p in proj]
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "vlm_drafts.json"), "w") as f:
+    name = "vlm_drafts_clips" if args.clips else "vlm_drafts"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(out, f, indent=1)
-    with open(os.path.join(args.out, "vlm_drafts.md"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
     return 0 if all(r["same_as_ar"] for r in rows) else 1

@@ -2,9 +2,10 @@
 
     python benchmarks/sage/vlm_table5.py OUT_DIR LABEL=RUN/vlm_bench.json [LABEL=RUN/vlm_bench.json ...]
 
-Each input is a `python -m sage_jax.bench --vlm ... --ratios 0,0.3,0.6,0.8,0.9,0.95` run (one draft, one selection
-method: `--prune attention` or `uniform`). Writes OUT_DIR/table5.md (per run and ratio: τ, τ+1, the draft's prompt
-tokens, its prefill GFLOPs (XLA's count) and seconds, each also against ratio 0, and whether every output equalled
+Each input is a `python -m sage_jax.bench --vlm [--clips] ... --ratios 0,0.3,0.6,0.8,0.9,0.95` run (one draft, one
+selection method: `--prune attention` or `uniform`; held-out images, or clips with `--clips`). Writes
+OUT_DIR/table5.md (per run and ratio: τ, τ+1, the draft's prompt tokens, its prefill GFLOPs (XLA's count) and
+seconds, each also against ratio 0, and whether every output equalled
 AR's; with the runs' provenance) and OUT_DIR/table5.png (τ and the relative prefill FLOPs against the ratio).
 """
 
@@ -28,8 +29,9 @@ def markdown(runs: dict[str, dict]) -> str:
     for label, run in runs.items():
         prov = run.get("provenance", {})
         n = run.get("args", {}).get("prompts")
+        what = "held-out clips" if run.get("args", {}).get("clips") else "held-out images"
         out += [f"### {label}", "",
-                f"{run['title']}; {n} held-out images; `{prov.get('command', '?')}` at commit "
+                f"{run['title']}; {n} {what}; `{prov.get('command', '?')}` at commit "
                 f"`{prov.get('commit', '?')}`, draft sha256 `{prov.get('draft_sha256')}`; {run['machine']}", "",
                 "| ratio | τ | τ+1 | τ vs ratio 0 | draft prompt tokens | draft prefill GFLOPs | vs ratio 0 | "
                 "draft prefill ms | vs ratio 0 | same as AR |",

@@ -20,6 +20,11 @@ def get_config() -> ml_collections.ConfigDict:
         # Every visual token, not only their mean, classifies the image through the tower stage's probe: the warm
         # start then maps each token to its class's word, and tokens that already agree make that map fit.
         token_loss=1.0,
+        # Clips of three items (vlm_data.clip, 24 frames: 97 visual tokens), 6 of every 8 rows; the other 2 are
+        # image rows, which keep the image answers.
+        video=dict(steps=600, batch_size=8, lr=1e-3, warmup=20, ckpt_every=25, eval_every=150),
+        video_share=0.75,
+        video_seq_len=160,
         draft=dict(steps=300, batch_size=16, lr=2e-4, warmup=20, ckpt_every=100),
         draft_rows=512,
     ))

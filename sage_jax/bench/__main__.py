@@ -71,6 +71,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "default: scikit-image's sample photos)")
     ap.add_argument("--video", action="append", default=[], help="--vlm: a video (animated image, frame folder "
                     "or .npy; repeatable)")
+    ap.add_argument("--clips", action="store_true", help="--vlm on the shipped VLM: ask which items appear in "
+                    "held-out clips of Fashion-MNIST items (sage_jax.training.vlm_data.heldout_clips) instead of "
+                    "about held-out images")
     ap.add_argument("--ratios", default="", help="--vlm: the pruning ratios to sweep (default: the paper's "
                     "0,0.3,0.6,0.8,0.9,0.95)")
     ap.add_argument("--prune", choices=("attention", "uniform"), default="attention",
@@ -90,11 +93,16 @@ def _main(argv: list[str] | None) -> int:
     from sage_jax.bench import suite
 
     cli.output_dir(args.out, "--out", args.force, OUTPUTS)
+    if args.clips and not args.vlm:
+        raise cli.BadInput("--clips goes with --vlm")
     if args.vlm:
         from sage_jax.bench import vlm
 
         if args.prompts_file:
             raise cli.BadInput("--prompts-file takes text prompts; --vlm asks about --image / --video")
+        if args.clips and (args.target or args.quick or args.image or args.video):
+            raise cli.BadInput("--clips asks the shipped VLM about held-out clips; it takes no --target, --quick, "
+                               "--image or --video")
         if args.budget == "auto" and "--budget" not in (argv or sys.argv[1:]):
             args.budget = "static"  # the trees themselves are measured (auto may decode plainly on a CPU)
         vlm.settings(args)

@@ -2,17 +2,20 @@
 
     python -m sage_jax.bench --vlm [--target VLM] [--draft VLM] [--image PATH ...] [--video PATH ...]
         [--ratios 0,0.3,0.6,0.8,0.9,0.95] [--prune attention|uniform] [--budget static|auto|N,D]
-        [--max-new-tokens N] [--prompts N] [--methods chain,static,eagle2,sage] [--out DIR] [--quick]
+        [--max-new-tokens N] [--prompts N] [--clips] [--methods chain,static,eagle2,sage] [--out DIR] [--quick]
 
 Two tables, side by side in one process: AR vs every tree policy (chain, static, EAGLE-2, SAGE) at the engine's
 pruning ratios (the paper's 0.8 / 0.9 by default), and the draft pruning-ratio sweep of the paper's Table 5 (SAGE at
 each ratio: τ, τ+1, tokens/s, and the target's and the draft's prefill seconds, each compiled and timed apart).
 Without `--target` the pair is the shipped home-trained VLM (SmolLM2-135M-Instruct with its own tower) and its
-shipped draft VLM (`--draft sage_jax/assets/smollm2_vlm/draft`: its EAGLE-style head), asked about held-out
+shipped draft VLM (`sage_jax/assets/smollm2_vlm_draft`; `--draft sage_jax/assets/smollm2_vlm/draft`: its
+EAGLE-style head), asked about held-out
 Fashion-MNIST test images (never trained on; `--prompts N` of them, default 8), and the table says how many answers
-name the right class. With another target and no `--image` / `--video` the prompts ask about scikit-image's sample
-photos. `--quick`: a tiny random Qwen2.5-VL pair and two synthetic images
-(CI smoke run). Writes DIR/vlm_bench.json (with what produced it: `configs.provenance`) and DIR/vlm_pruning.png.
+name the right class; with `--clips`, which items appear in held-out clips of three Fashion-MNIST test items
+(`vlm_data.heldout_clips`, 24 frames, 97 video tokens each), and how many answers name exactly the clip's items.
+With another target and no `--image` / `--video` the prompts ask about scikit-image's sample photos. `--quick`: a
+tiny random Qwen2.5-VL pair and two synthetic images (CI smoke run). Writes DIR/vlm_bench.json (with what
+produced it: `configs.provenance`) and DIR/vlm_pruning.png.
 """
 
 from __future__ import annotations
@@ -95,12 +98,19 @@ def build(args, scratch: str):
         with cli.reported(OSError, ValueError):
             engine = load_engine(loader.default_vlm(), args.draft, prune=args.prune, prune_ratio=ratios,
                                  attention=args.attention)
-        images, labels = heldout_images(args.prompts or 8)
-        questions = heldout_questions()
-        prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
+        if args.clips:
+            from sage_jax.training import vlm_data
+
+            clips, labels = vlm_data.heldout_clips(args.prompts or 8)
+            prompts = [(vlm_data.VIDEO_QUESTION, [], [v]) for v in clips]
+            what = "held-out clips of 3 Fashion-MNIST test items"
+        else:
+            images, labels = heldout_images(args.prompts or 8)
+            questions = heldout_questions()
+            prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
+            what = "held-out Fashion-MNIST test images"
         title = (f"shipped home-trained VLM (SmolLM2-135M-Instruct + its own tower), draft {engine.description}, "
-                 f"greedy, {args.max_new_tokens} new tokens, {len(prompts)} held-out Fashion-MNIST test images, "
-                 f"pruning by {args.prune}")
+                 f"greedy, {args.max_new_tokens} new tokens, {len(prompts)} {what}, pruning by {args.prune}")
         return engine, prompts, title, labels
     else:
         with cli.reported(OSError, ValueError):
@@ -230,13 +240,17 @@ def _run(args, argv: list[str] | None, scratch: str) -> int:
     for v in [*out["methods"].values(), *out["sweep"]]:
         v["same_as_ar"] = same(v)
     named = ""
-    if labels is not None:  # the held-out images' classes: does the (lossless, so every row's) answer name it?
+    if labels is not None:  # the held-out classes: does the (lossless, so every row's) answer name them?
         from sage_jax.training import vlm_data
 
         texts = [engine.tokenizer.decode(r["tokens"], skip_special_tokens=True) for r in ar["runs"]]
-        right = sum(vlm_data.class_named(t) == int(y) for t, y in zip(texts, labels, strict=True))
+        if np.ndim(labels) == 2:  # clips: exactly their items
+            right = sum(vlm_data.classes_named(t) == {int(k) for k in y} for t, y in zip(texts, labels, strict=True))
+            named = f"\nThe answers name exactly the clip's items for {right} of {len(texts)} held-out clips.\n"
+        else:
+            right = sum(vlm_data.class_named(t) == int(y) for t, y in zip(texts, labels, strict=True))
+            named = f"\nThe answers name the right class for {right} of {len(texts)} held-out images.\n"
         out["heldout"] = {"right": int(right), "n": len(texts), "answers": texts}
-        named = f"\nThe answers name the right class for {right} of {len(texts)} held-out images.\n"
     for v in [*out["methods"].values(), *out["sweep"]]:
         v.pop("runs")
     out["args"] = {k: v for k, v in vars(args).items() if k not in ("image", "video")}

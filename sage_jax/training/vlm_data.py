@@ -9,6 +9,11 @@ Sources (what ships without a download, `../shared/notes/data.md`):
 Every image becomes a 28x28 RGB uint8 array; every example a (question, answer) pair built from its label in one of
 several templates (what is this, describe it, which class, is it a shoe, is this a <class>?, ...), so the frozen
 language model learns to read the image, not one phrasing. `class_named` reads a class back out of an answer.
+
+Video clips (`clip`): `CLIP_ITEMS` Fashion-MNIST items of distinct classes, one after another, each for
+`FRAMES_PER_ITEM` frames sliding across the frame one pixel a frame; asked `VIDEO_QUESTION`, the answer names them
+in order ("A sandal, an ankle boot and a shirt."). Training clips come from the train split, held-out clips
+(`heldout_clips`) from the test split; `classes_named` reads the items back out of an answer.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ WHAT = ("What is in this image?", "What is this?", "What is shown in the picture
         "Name the object in the image.", "What does this picture show?", "Tell me what this is.")
 DESCRIBE = ("Describe this image.", "Describe it briefly.", "Write a short caption for this image.")
 DEFAULT_QUESTION = WHAT[0]
+VIDEO_QUESTION = "Which items appear in this video?"
+VIDEO_QUESTIONS = (VIDEO_QUESTION, "What is in this video?", "What does this video show?",
+                   "List the items in this video.")
+CLIP_ITEMS = 3
+FRAMES_PER_ITEM = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +160,8 @@ _BY_LENGTH = sorted(range(10), key=lambda i: -len(FASHION[i]))
 _SYNONYMS = {1: ("trousers", "trouser", "pants"), 9: ("ankle boot", "boot"), 0: ("t-shirt", "tshirt", "top")}
 
 
-def class_named(text: str) -> int | None:
-    """The one Fashion-MNIST class an answer names (None if it names none or several)."""
+def classes_named(text: str) -> set[int]:
+    """Every Fashion-MNIST class an answer names."""
     t = text.lower()
     found = set()
     for i in _BY_LENGTH:
@@ -160,6 +170,12 @@ def class_named(text: str) -> int | None:
             if re.search(pat, t):
                 found.add(i)
                 t = re.sub(pat, " ", t)
+    return found
+
+
+def class_named(text: str) -> int | None:
+    """The one Fashion-MNIST class an answer names (None if it names none or several)."""
+    found = classes_named(text)
     return found.pop() if len(found) == 1 else None
 
 
@@ -167,3 +183,61 @@ def heldout_indices(n: int) -> np.ndarray:
     """The first `n` of a fixed shuffle of Fashion-MNIST's test split: the held-out images every evaluation and
     benchmark uses (training reads only the train split)."""
     return np.random.default_rng(2026).permutation(10_000)[:n]
+
+
+# ------------------------------------------------------------------------------------------------------ video clips
+
+
+def clip(items: np.ndarray, frames_per_item: int = FRAMES_PER_ITEM) -> np.ndarray:
+    """Items [K, 28, 28, 3] uint8 -> a clip [K * frames_per_item, 28, 28, 3]: each item in turn, sliding from left
+    to right one pixel a frame (every frame differs from the one before, as in a real video)."""
+    out = []
+    half = frames_per_item // 2
+    for item in items:
+        for f in range(frames_per_item):
+            dx = f - half  # the item moves right by dx pixels; what leaves the frame is lost, black comes in
+            out.append(np.roll(item, dx, axis=1))
+            if dx > 0:
+                out[-1][:, :dx] = 0
+            elif dx < 0:
+                out[-1][:, dx:] = 0
+    return np.stack(out)
+
+
+def clip_answer(labels) -> str:
+    """The answer naming a clip's items in order: "A sandal, an ankle boot and a shirt."."""
+    names = [_article(FASHION[int(k)]) for k in labels]
+    text = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return text[0].upper() + text[1:] + "."
+
+
+def draw_clip(images: Images, rng: np.random.Generator, n_items: int = CLIP_ITEMS,
+              frames_per_item: int = FRAMES_PER_ITEM) -> tuple[np.ndarray, np.ndarray]:
+    """A clip of `n_items` images of distinct classes drawn by `rng` from Fashion-MNIST `images`: (frames, labels)."""
+    labels = rng.choice(10, size=n_items, replace=False)
+    rows = [int(rng.choice(np.flatnonzero(images.labels == k))) for k in labels]
+    return clip(images.pixels[rows], frames_per_item), labels.astype(np.int32)
+
+
+def heldout_clips(n: int, start: int = 0, test: Images | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out clips `start` … `start + n` (from Fashion-MNIST's test split, clip i drawn with seed (2027, i)):
+    frames [n, F, 28, 28, 3] and labels [n, CLIP_ITEMS]. Evaluations, the bench and the README's example clip ask
+    about the first ones; draft training evaluates past them."""
+    test = fashion("test") if test is None else test
+    got = [draw_clip(test, np.random.default_rng([2027, i])) for i in range(start, start + n)]
+    return np.stack([f for f, _ in got]), np.stack([y for _, y in got])
+
+
+def write_clip(path: str, index: int = 0) -> list[str]:
+    """Held-out clip `index` written to `path` (.gif: an animated GIF; .npy: the frames array) for
+    `python -m sage_jax.generate --video PATH`; returns the items it shows, in order."""
+    frames, labels = heldout_clips(index + 1)
+    frames, labels = frames[index], labels[index]
+    if path.endswith(".npy"):
+        np.save(path, frames)
+    else:
+        from PIL import Image
+
+        first, *rest = [Image.fromarray(f) for f in frames]
+        first.save(path, save_all=True, append_images=rest, duration=125, loop=0)
+    return [FASHION[int(k)] for k in labels]

@@ -10,12 +10,15 @@ The draft is a LLaVA-OneVision with the target's tiles and patches (so it reads 
 
 Data: the target answers `rows` training images (the recipe's mix of sources and question templates; its greedy
 answers are what speculative decoding must reproduce) and `heldout_rows` held-out Fashion-MNIST test images past
-the bench's (`vlm_data.heldout_indices`). Loss: cross-entropy of the draft's next-token prediction on every
-answer token, with each row's visual tokens pruned at a ratio drawn from `ratios` (the kept ones at random, so
-that neither the attention-based nor the uniform selection of decoding is a surprise). A pruned token is masked out
+the bench's (`vlm_data.heldout_indices`); a video target also `clip_rows` training clips (`vlm_data.draw_clip`)
+and `heldout_clips` held-out clips past the bench's, a `video_share` of the training batches being clips. Loss:
+cross-entropy of the draft's next-token prediction on every answer token, with each row's visual tokens pruned at
+a ratio drawn from `ratios` (the kept ones at random, so that neither the attention-based nor the uniform
+selection of decoding is a surprise). A pruned token is masked out
 as a key and the kept ones keep their positions, which is what decoding's compacted draft prompt computes.
 
     WORKDIR/data.npz, WORKDIR/heldout.npz          the target's answers (made once)
+    WORKDIR/clips.npz, WORKDIR/heldout_clips.npz   the same for clips (a video target, `clip_rows` > 0)
     WORKDIR/draft_vlm/ckpt/, losses.json, evals.json  training (resumable, `loop.stage`); evals: held-out
                                                    teacher-forced agreement with the target at `eval_ratios`
     WORKDIR/vlm_draft/                             the draft (kind "vlm", around the default target)
@@ -83,6 +86,21 @@ def init_params(c: DraftVLMRecipe, parts: vlm_model.Parts, own: dict) -> dict:
             "blocks": {k: v[: c.lm_layers] for k, v in lm["blocks"].items()}, "final_norm": lm["final_norm"]}
 
 
+def initial(c: DraftVLMRecipe, dcfg: lo.LlavaOnevisionConfig) -> dict:
+    """The trainable parameters of the draft VLM `c.init`, checked to be of this recipe's shape."""
+    from sage_jax.io import vlm_checkpoint
+
+    if not os.path.isdir(c.init):
+        raise FileNotFoundError(f"init: no draft VLM at {c.init}")
+    _, got = vlm_checkpoint.read_config(c.init)
+    if getattr(got, "vision", None) != dcfg.vision or getattr(got, "text", None) != dcfg.text:
+        raise ValueError(f"init: {c.init} is not a draft VLM of this recipe's shape ({c.tower_layers} tower and "
+                         f"{c.lm_layers} LM layers around the target's)")
+    own = checkpoint.restore(c.init)
+    return {"vision": own["vision"], "projector": own["projector"], "image_newline": own["image_newline"],
+            "blocks": own["lm"]["blocks"], "final_norm": own["lm"]["final_norm"]}
+
+
 # ------------------------------------------------------------------------------------------------------- data
 
 
@@ -90,6 +108,16 @@ def heldout_images(n: int) -> np.ndarray:
     """`n` held-out Fashion-MNIST test images past the bench's (`HELDOUT_START`)."""
     test = vlm_data.fashion("test")
     return test.pixels[vlm_data.heldout_indices(HELDOUT_START + n)[HELDOUT_START:]]
+
+
+def clip_rollout(c: DraftVLMRecipe, parts: vlm_model.Parts, own: dict, n: int, progress: bool = False
+                 ) -> dict[str, np.ndarray]:
+    """`n` training clips (`vlm_data.draw_clip`, the train split) with video questions, answered by the target."""
+    rng = np.random.default_rng([c.seed, 9])
+    got = [vlm_data.draw_clip(parts.data["fashion"], rng) for _ in range(n)]
+    questions = [str(rng.choice(vlm_data.VIDEO_QUESTIONS)) for _ in range(n)]
+    return vlm_head.answer_rows(parts, own, np.stack([f for f, _ in got]), questions, c.max_new_tokens,
+                                progress=progress)
 
 
 def _rows(path: str, make: Callable[[], dict]) -> dict[str, np.ndarray]:
@@ -116,10 +144,11 @@ def answer_targets(rows: dict[str, np.ndarray], width: int) -> dict[str, np.ndar
     return {"where": where, "target": target, "weight": weight}
 
 
-def keep_mask(tokens: np.ndarray, image_token: int, ratios: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """[N, T] bool: the slots the draft sees: every text slot, and of each row's visual slots the share left at
-    its ratio (`keep_counts`, as decoding keeps), chosen at random."""
-    keep = tokens != image_token
+def keep_mask(tokens: np.ndarray, visual: int | tuple[int, ...], ratios: np.ndarray, rng: np.random.Generator
+              ) -> np.ndarray:
+    """[N, T] bool: the slots the draft sees: every text slot, and of each row's visual slots (the ids `visual`)
+    the share left at its ratio (`keep_counts`, as decoding keeps), chosen at random."""
+    keep = ~np.isin(tokens, visual)
     for i, r in enumerate(ratios):
         vis = np.flatnonzero(~keep[i])
         n_keep = keep_counts(len(vis), 0, (float(r), 0.0))[0]
@@ -127,10 +156,20 @@ def keep_mask(tokens: np.ndarray, image_token: int, ratios: np.ndarray, rng: np.
     return keep
 
 
+def visual_ids(cfg: lo.LlavaOnevisionConfig) -> tuple[int, ...]:
+    return tuple(x for x in (cfg.image_token_id, cfg.video_token_id) if x is not None)
+
+
 def batch(rows: dict[str, np.ndarray], targets: dict[str, np.ndarray], idx: np.ndarray, keep: np.ndarray) -> dict:
-    tiles = vlm_model.pixels(rows["images"][idx]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
-    return {"tokens": rows["tokens"][idx], "valid": rows["valid"][idx], "keep": keep, "tiles": tiles,
-            **{k: v[idx] for k, v in targets.items()}}
+    """Rows of images ("tiles", two a row) or of clips ("frames" [B, F, 3, 28, 28], no tiles)."""
+    out = {"tokens": rows["tokens"][idx], "valid": rows["valid"][idx], "keep": keep,
+           **{k: v[idx] for k, v in targets.items()}}
+    if "clips" in rows:
+        clips = rows["clips"][idx]
+        frames = vlm_model.pixels(clips.reshape(-1, *clips.shape[2:]))[:, 0]
+        return {**out, "tiles": np.zeros((0, 3, vlm_model.TILE, vlm_model.TILE), np.float32),
+                "frames": frames.reshape(*clips.shape[:2], *frames.shape[1:])}
+    return {**out, "tiles": vlm_model.pixels(rows["images"][idx]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)}
 
 
 # ------------------------------------------------------------------------------------------------------- loss
@@ -139,11 +178,11 @@ def batch(rows: dict[str, np.ndarray], targets: dict[str, np.ndarray], idx: np.n
 def logits(dcfg: lo.LlavaOnevisionConfig, params: dict, fz: dict, b: dict):
     """[B, A, V] the draft's next-token logits at the answer slots `b["where"]`, seeing the slots `b["keep"]`."""
     tokens, valid = b["tokens"], b["valid"]
-    n, t = tokens.shape
-    slots = jnp.nonzero(tokens.reshape(-1) == dcfg.image_token_id, size=n * vlm_model.n_visual(dcfg))[0]
+    t = tokens.shape[1]
     own = {"vision": params["vision"], "projector": params["projector"], "image_newline": params["image_newline"],
            "lm": {"embed": fz["embed"]}}
-    x = lo.embed_inputs(dcfg, vlm_model.plan(dcfg, n), own, tokens, b["tiles"], None, slots.astype(jnp.int32), None)
+    plan, tiles, frames, image_slots, video_slots = vlm_model.visual_inputs(dcfg, tokens, b["tiles"], b.get("frames"))
+    x = lo.embed_inputs(dcfg, plan, own, tokens, tiles, frames, image_slots, video_slots)
     positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)  # the target's, pruned or not
     seen = valid & b["keep"]
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & seen[:, None, :]) | jnp.eye(t, dtype=bool)[None]
@@ -168,7 +207,7 @@ def agreement(dcfg, params: dict, fz: dict, rows: dict, targets: dict, ratio: fl
     fn = jax.jit(lambda p, b: jnp.stack([((jnp.argmax(logits(dcfg, p, fz, b), -1) == b["target"]) * b["weight"]).sum(),
                                          b["weight"].sum()]))
     n = len(rows["tokens"])
-    keep = keep_mask(rows["tokens"], dcfg.image_token_id, np.full(n, ratio), np.random.default_rng([seed, 7]))
+    keep = keep_mask(rows["tokens"], visual_ids(dcfg), np.full(n, ratio), np.random.default_rng([seed, 7]))
     total = np.zeros(2)
     for i in range(0, n - n % size, size):  # whole batches: one compile
         idx = np.arange(i, i + size)
@@ -194,21 +233,37 @@ def run(c: DraftVLMRecipe, workdir: str, *, progress: bool = True, log: Callable
     held = _rows(os.path.join(workdir, "heldout.npz"), lambda: vlm_head.answer_rows(
         parts, own, images, [vlm_data.DEFAULT_QUESTION] * len(images), c.max_new_tokens, progress=progress))
     width = c.max_new_tokens
-    targets, held_targets = answer_targets(rows, width), answer_targets(held, width)
+    sets = {"images": (rows, answer_targets(rows, width)), "held": (held, answer_targets(held, width))}
+    if c.clip_rows:
+        if parts.cfg.video_token_id is None:
+            raise ValueError(f"clip_rows: the target {path} takes images only (no video token)")
+        clips = _rows(os.path.join(workdir, "clips.npz"),
+                      lambda: clip_rollout(c, parts, own, c.clip_rows, progress=progress))
+        held_clips = _rows(os.path.join(workdir, "heldout_clips.npz"), lambda: vlm_head.answer_rows(
+            parts, own, vlm_data.heldout_clips(c.heldout_clips, start=HELDOUT_START)[0],
+            [vlm_data.VIDEO_QUESTION] * c.heldout_clips, c.max_new_tokens, progress=progress))
+        sets.update(clips=(clips, answer_targets(clips, width)),
+                    held_clips=(held_clips, answer_targets(held_clips, width)))
     lm = parts.lm_serving
     fz = {"embed": lm.embed, **({} if lm.lm_head is None else {"lm_head": lm.lm_head})}
     ratios = np.asarray(c.ratios, np.float64)
 
     def batch_fn(step: int) -> dict:
         rng = np.random.default_rng([c.seed, 8, step])
-        idx = rng.integers(len(rows["tokens"]), size=c.train.batch_size)
-        keep = keep_mask(rows["tokens"][idx], dcfg.image_token_id, rng.choice(ratios, size=len(idx)), rng)
-        return batch(rows, targets, idx, keep)
+        on_clips = c.clip_rows and rng.random() < c.video_share
+        data, targets = sets["clips" if on_clips else "images"]
+        idx = rng.integers(len(data["tokens"]), size=c.train.batch_size)
+        keep = keep_mask(data["tokens"][idx], visual_ids(dcfg), rng.choice(ratios, size=len(idx)), rng)
+        return batch(data, targets, idx, keep)
 
     def evaluate(params, step):
-        return {str(r): agreement(dcfg, params, fz, held, held_targets, r, c.seed) for r in c.eval_ratios}
+        out = {str(r): agreement(dcfg, params, fz, *sets["held"], r, c.seed) for r in c.eval_ratios}
+        if c.clip_rows:
+            out.update({f"clips {r}": agreement(dcfg, params, fz, *sets["held_clips"], r, c.seed)
+                        for r in c.eval_ratios})
+        return out
 
-    params0 = init_params(c, parts, own)
+    params0 = init_params(c, parts, own) if c.init is None else initial(c, dcfg)
     before = evaluate(params0, 0)
     log(f"held-out agreement before training (the target's first layers as they are): {before}")
     trained = loop.stage("draft_vlm", c.train, params0, lambda p, f, b: loss(dcfg, p, f, b), batch_fn, workdir,
@@ -217,7 +272,8 @@ def run(c: DraftVLMRecipe, workdir: str, *, progress: bool = True, log: Callable
     after = evaluate(trained, c.train.steps)
     out = export(c, dcfg, parts, trained, os.path.join(workdir, "vlm_draft"), path)
     summary = {"draft": out, "agreement_before": before, "agreement": after, "rows": c.rows,
-               "heldout_rows": c.heldout_rows, "seconds": time.perf_counter() - t0, "recipe": c.to_json()}
+               "heldout_rows": c.heldout_rows, "clip_rows": c.clip_rows, "heldout_clips": c.heldout_clips,
+               "seconds": time.perf_counter() - t0, "recipe": c.to_json()}
     loop.write_json(os.path.join(workdir, "summary.json"), summary)
     log(f"held-out agreement with the target: {after}; the draft: {out}")
     return summary
@@ -230,10 +286,10 @@ def export(c: DraftVLMRecipe, dcfg, parts: vlm_model.Parts, params: dict, out: s
 
     own = {"vision": params["vision"], "projector": params["projector"], "image_newline": params["image_newline"],
            "lm": {"blocks": params["blocks"], "final_norm": params["final_norm"]}}
+    record = {"recipe": c.to_json(), "target": target_path, "target_sha256": provenance.checkpoint_sha256(target_path),
+              "trained_by": "python -m sage_jax.train_vlm"}
+    if c.init is not None:
+        record["init_sha256"] = provenance.checkpoint_sha256(c.init)
     with tempfile.TemporaryDirectory() as proc:
         vlm_model.write_processor(proc)
-        return vlm_checkpoint.save_adapter(
-            out, dcfg, own, parts.tokenizer, proc, overwrite=True,
-            provenance={"recipe": c.to_json(), "target": target_path,
-                        "target_sha256": provenance.checkpoint_sha256(target_path),
-                        "trained_by": "python -m sage_jax.train_vlm"})
+        return vlm_checkpoint.save_adapter(out, dcfg, own, parts.tokenizer, proc, overwrite=True, provenance=record)

@@ -39,13 +39,14 @@ def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new:
 
 def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questions: list[str], max_new: int = 24,
                 batch: int = 32, progress: bool = False) -> dict[str, np.ndarray]:
-    """The VLM's greedy answers to `questions` about `images` [N, 28, 28, 3]: left-padded prompt + answer
-    (+ <|im_end|>) rows ("tokens", "valid"; "answer": slot t scores its prediction of token t + 1, an answer
-    token) and the images. One compile per width."""
+    """The VLM's greedy answers to `questions` about `images` [N, 28, 28, 3] (or clips [N, F, 28, 28, 3]):
+    left-padded prompt + answer (+ <|im_end|>) rows ("tokens", "valid"; "answer": slot t scores its prediction of
+    token t + 1, an answer token) and the images ("images", or "clips"). One compile per width."""
     cfg, tok = parts.cfg, parts.tokenizer
     n = len(images)
+    video = images.ndim == 5
     prompts = vlm_model.Prompts(cfg, tok)
-    ids = [prompts.prompt(q) for q in questions]
+    ids = [prompts.video_prompt(q, images.shape[1]) if video else prompts.prompt(q) for q in questions]
     width = max(len(x) for x in ids)
     pad = cfg.text.pad_token_id
     tokens = np.full((n, width), pad, np.int32)
@@ -61,11 +62,17 @@ def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questi
         rows = np.arange(i, min(i + batch, n))
         take = np.concatenate([rows, np.full(batch - len(rows), rows[0])])
         tok_b, val_b = tokens[take], valid[take]
-        slots = np.flatnonzero(tok_b.reshape(-1) == cfg.image_token_id).astype(np.int32)
-        tiles = vlm_model.pixels(images[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
         pos = np.maximum(np.cumsum(val_b, axis=1) - 1, 0).astype(np.int32)
-        gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None,
-                                 val_b, pos)
+        if video:
+            slots = np.flatnonzero(tok_b.reshape(-1) == cfg.video_token_id).astype(np.int32)
+            frames = vlm_model.pixels(images[take].reshape(-1, *images.shape[2:]))[:, 0]
+            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, 0, batch), max_new, full, tok_b, None, frames, None,
+                                     slots, val_b, pos)
+        else:
+            slots = np.flatnonzero(tok_b.reshape(-1) == cfg.image_token_id).astype(np.int32)
+            tiles = vlm_model.pixels(images[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None,
+                                     val_b, pos)
         out[rows] = np.asarray(gen)[: len(rows)]
     eos = cfg.text.eos_token_ids[0]
     seq = np.full((n, width + max_new), pad, np.int32)
@@ -77,7 +84,7 @@ def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questi
         seq[i, :width], seq[i, width: width + len(a)] = tokens[i], a
         seq_valid[i, :width], seq_valid[i, width: width + len(a)] = valid[i], True
         answer[i, width - 1: width - 1 + len(a)] = True
-    return {"tokens": seq, "valid": seq_valid, "answer": answer, "images": images}
+    return {"tokens": seq, "valid": seq_valid, "answer": answer, ("clips" if video else "images"): images}
 
 
 def features(parts: vlm_model.Parts, params: dict, rows: dict[str, np.ndarray], batch: int = 16

@@ -1,11 +1,13 @@
 """The pieces of the home-trained VLM around its weights: config, tokenizer, image processor, fast pixel path.
 
-- **Config**: LLaVA-OneVision with SmolLM2-135M-Instruct as its language model, an image-only model (no video
-  token), one 28x28 tile: a 28x28 image gives the base tile's 49 tokens and the 7x7 grid with a newline per row
-  (56), 105 visual tokens.
-- **Tokenizer**: SmolLM2's, with its unused special token 16 (`<empty_output>`) renamed `<image>`, so every id
-  and the vocabulary size stay the target's (the shipped EAGLE head and any text draft still fit); the chat
-  template is SmolLM2's, extended to content lists (`{"type": "image"}` writes `<image>\\n` before the text).
+- **Config**: LLaVA-OneVision with SmolLM2-135M-Instruct as its language model, one 28x28 tile of 4x4 patches: a
+  28x28 image gives the base tile's 16 tokens and the 4x4 grid with a newline per row (20), 36 visual tokens; a
+  video frame its 4x4 map pooled to 2x2 (4 tokens), and one newline closes the video (a model trained with a
+  video stage has `video_token_id`; one without takes images only).
+- **Tokenizer**: SmolLM2's, with its unused special tokens 16 (`<empty_output>`) and 15 (`<jupyter_script>`)
+  renamed `<image>` and `<video>`, so every id and the vocabulary size stay the target's (the shipped EAGLE head
+  and any text draft still fit); the chat template is SmolLM2's, extended to content lists (`{"type": "image"}`
+  writes `<image>\\n`, `{"type": "video"}` `<video>\\n` before the text).
 - **Image processor**: transformers' `LlavaOnevisionImageProcessorPil` at 28x28 with the single pinpoint
   (28, 28); `pixels` is the same computation for images already 28x28 (asserted against the processor in
   `tests/sage_jax/training/test_vlm_stages.py`), used by training.
@@ -30,39 +32,47 @@ from sage_jax.training.vlm_recipe import VLMRecipe
 
 IMAGE_TOKEN_ID = 16
 IMAGE_TOKEN = "<image>"
+VIDEO_TOKEN_ID = 15
+VIDEO_TOKEN = "<video>"
 TILE = 28
-_RENAMED = "<empty_output>"
+_RENAMED = {IMAGE_TOKEN_ID: ("<empty_output>", IMAGE_TOKEN), VIDEO_TOKEN_ID: ("<jupyter_script>", VIDEO_TOKEN)}
 _SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\n" + _SYSTEM + "<|im_end|>\n' }}{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for c in message['content'] %}{% if c['type'] == 'image' %}{{ '<image>\n' }}"
+    "{% elif c['type'] == 'video' %}{{ '<video>\n' }}"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
     "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def config(text: LMConfig, vision: SiglipConfig) -> LlavaOnevisionConfig:
+def config(text: LMConfig, vision: SiglipConfig, video: bool = False) -> LlavaOnevisionConfig:
+    """The VLM's config; `video`: whether it takes videos (it was trained on clips)."""
     if vision.image_size != TILE:
         raise ValueError(f"the home-trained VLM takes {TILE}-pixel tiles, got image_size {vision.image_size}")
-    return LlavaOnevisionConfig(text=text, vision=vision, image_token_id=IMAGE_TOKEN_ID, video_token_id=None,
+    return LlavaOnevisionConfig(text=text, vision=vision, image_token_id=IMAGE_TOKEN_ID,
+                                video_token_id=VIDEO_TOKEN_ID if video else None,
                                 vision_feature_layer=-1, vision_feature_select_strategy="full",
                                 image_grid_pinpoints=((TILE, TILE),), projector_act="gelu", projector_bias=True)
 
 
 def tokenizer(text_tokenizer):
-    """SmolLM2's tokenizer with id 16 renamed `<image>` and the multimodal chat template (module docstring)."""
+    """SmolLM2's tokenizer with ids 16 / 15 renamed `<image>` / `<video>` and the multimodal chat template (module
+    docstring)."""
     import transformers
     from tokenizers import Tokenizer
 
-    if text_tokenizer.convert_ids_to_tokens(IMAGE_TOKEN_ID) != _RENAMED:
-        raise ValueError(f"expected SmolLM2's tokenizer (id {IMAGE_TOKEN_ID} = {_RENAMED})")
+    for i, (old, _) in _RENAMED.items():
+        if text_tokenizer.convert_ids_to_tokens(i) != old:
+            raise ValueError(f"expected SmolLM2's tokenizer (id {i} = {old})")
     spec = json.loads(text_tokenizer.backend_tokenizer.to_str())
-    for t in spec["added_tokens"]:
-        if t["id"] == IMAGE_TOKEN_ID:
-            t["content"] = IMAGE_TOKEN
     vocab = spec["model"]["vocab"]
-    vocab[IMAGE_TOKEN] = vocab.pop(_RENAMED)
+    for t in spec["added_tokens"]:
+        if t["id"] in _RENAMED:
+            old, new = _RENAMED[t["id"]]
+            t["content"] = new
+            vocab[new] = vocab.pop(old)
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
                                                eos_token="<|im_end|>", pad_token="<|im_end|>",
                                                bos_token="<|im_start|>", unk_token="<|endoftext|>")
@@ -90,11 +100,28 @@ def pixels(images: np.ndarray) -> np.ndarray:
     return np.stack([x, x], axis=1)
 
 
-def plan(cfg: LlavaOnevisionConfig, n: int) -> Plan:
-    """The static `Plan` of `n` 28x28 images (one compilation per batch size)."""
+def plan(cfg: LlavaOnevisionConfig, n: int, videos: int = 0) -> Plan:
+    """The static `Plan` of `n` 28x28 images and `videos` clips (one compilation per batch make-up)."""
     lay = anyres.image_layouts(np.full((n, 2), TILE), cfg.image_grid_pinpoints, cfg.vision.image_size,
                                cfg.vision.grid, cfg.vision_aspect_ratio, None)
-    return Plan(images=tuple(lay))
+    return Plan(images=tuple(lay), videos=videos)
+
+
+def visual_inputs(cfg: LlavaOnevisionConfig, tokens, tiles, frames=None) -> tuple:
+    """Inside a jitted step: (plan, tiles, frames, image_slots, video_slots) for `llava_onevision.embed_inputs` of
+    rows of images (`tiles` [2 * Ni, 3, 28, 28], two a row) and rows of clips (`frames` [Nv, F, 3, 28, 28], or
+    None), every count static from the shapes."""
+    import jax.numpy as jnp
+
+    flat = tokens.reshape(-1)
+    n_img = tiles.shape[0] // 2
+    image_slots = jnp.nonzero(flat == cfg.image_token_id, size=n_img * n_visual(cfg))[0].astype(jnp.int32)
+    if frames is None:
+        return plan(cfg, n_img), tiles, None, image_slots, None
+    n_vid, f = frames.shape[:2]
+    size = n_vid * anyres.video_features(f, cfg.vision.grid)
+    video_slots = jnp.nonzero(flat == cfg.video_token_id, size=size)[0].astype(jnp.int32)
+    return plan(cfg, n_img, n_vid), tiles, frames.reshape(-1, *frames.shape[2:]), image_slots, video_slots
 
 
 def n_visual(cfg: LlavaOnevisionConfig) -> int:
@@ -120,6 +147,15 @@ class Prompts:
             self._ids[question] = self.tok(text)["input_ids"]
         return self._ids[question]
 
+    def video_prompt(self, question: str, frames: int) -> list[int]:
+        key = (question, frames)
+        if key not in self._ids:
+            msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+            text = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            text = expand_placeholders(self.cfg, [text], None, [frames])[0]
+            self._ids[key] = self.tok(text)["input_ids"]
+        return self._ids[key]
+
     def answer(self, text: str) -> list[int]:
         return self.tok(text)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
 
@@ -140,8 +176,8 @@ def load_parts(c, *, sources: dict[str, vlm_data.Images] | None = None) -> Parts
     data = sources if sources is not None else {
         "fashion": vlm_data.fashion("train"), "digits": vlm_data.digits(),
         "photos": vlm_data.photos(c.photo_crops, seed=c.seed)}
-    return Parts(cfg=config(text_cfg, c.vision), lm_params=decoder.params(), lm_serving=decoder.serving(),
-                 tokenizer=tokenizer(text_tok), data=data)
+    return Parts(cfg=config(text_cfg, c.vision, video=c.video is not None), lm_params=decoder.params(),
+                 lm_serving=decoder.serving(), tokenizer=tokenizer(text_tok), data=data)
 
 
 def draw(c: VLMRecipe, data: dict[str, vlm_data.Images], rng: np.random.Generator, n: int):

@@ -9,6 +9,8 @@ here in two stages (`sage_jax/training/vlm_stages.py`):
    reads an image as a word it knows before any gradient flows through it;
 2. **align**: tower (at a lower rate), projector and `image_newline` under the frozen language model's
    cross-entropy on the answers of the image question / answer pairs (`vlm_data.py`);
+   **video** (when `video` is set): the same on batches mixing those rows with clips of Fashion-MNIST items
+   (`vlm_data.clip`), asked which items appear; the model then takes videos (LLaVA-OneVision's pooled frames);
 3. **draft** (when `draft` is set): the shipped EAGLE-style text head fine-tuned on the VLM's own greedy answers
    to `draft_rows` training images (`vlm_head.py`), so that the pair speculates on image prompts.
 
@@ -46,6 +48,13 @@ class VLMRecipe(Schema):
     vision: SiglipConfig
     tower: StageConfig
     align: StageConfig
+    # video stage (when set): tower (at `tower_lr_scale`), projector and image_newline on rows of clips and images
+    video: StageConfig | None = None
+    video_share: Annotated[float, Range(0.0, 1.0)] = 0.5  # video stage: the share of each batch's rows that are clips
+    video_seq_len: Annotated[int, POSITIVE] = 160  # video stage: tokens per row
+    # A trained VLM checkpoint whose tower, projector and image_newline stand for the tower and align stages' output
+    # (e.g. to add the video stage to a VLM trained without it); its sha256 goes into the provenance.
+    init: str | None = None
     draft: StageConfig | None = None
     draft_rows: Annotated[int, POSITIVE] = 512  # training images the VLM answers for the draft stage
     # align stage: the tower's learning rate relative to the projector's
@@ -85,6 +94,12 @@ class DraftVLMRecipe(Schema):
     rows: Annotated[int, POSITIVE] = 2048  # training images the target answers (the recipe's data mix)
     heldout_rows: Annotated[int, POSITIVE] = 128  # held-out Fashion-MNIST test images (past the bench's) for evals
     max_new_tokens: Annotated[int, POSITIVE] = 24  # answer tokens per row
+    clip_rows: Annotated[int, COUNT] = 0  # training clips the target answers (0: images only; a video target)
+    heldout_clips: Annotated[int, COUNT] = 32  # held-out clips past the bench's, for evals
+    video_share: Annotated[float, Range(0.0, 1.0)] = 0.5  # the share of training steps on clip batches
+    # A trained draft VLM of this shape to start from instead of the target's first layers (e.g. to teach an
+    # image draft the video of a target that has since learnt it); its sha256 goes into the provenance.
+    init: str | None = None
     # Pruning ratios drawn per training row (the share of visual tokens the draft does not see, kept at random).
     ratios: tuple[Annotated[float, Range(0.0, 1.0)], ...] = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95)
     eval_ratios: tuple[Annotated[float, Range(0.0, 1.0)], ...] = (0.0, 0.8)

@@ -6,6 +6,8 @@ bit for bit, because every batch is drawn from (seed, stage, step) alone; `loop.
     WORKDIR/tower/ckpt/, WORKDIR/tower/losses.json     stage 1: the tower as a classifier
     WORKDIR/align/ckpt/, WORKDIR/align/losses.json     stage 2: tower + projector under the frozen LM
     WORKDIR/align/evals.json                           held-out accuracy of the greedy answers, per evaluation
+    WORKDIR/video/ckpt/, WORKDIR/video/losses.json     the video stage (when the recipe has one): clips and images
+    WORKDIR/video/evals.json                           held-out clip and image accuracy, per evaluation
     WORKDIR/vlm/                                       the exported model: kind "vlm", language model "default"
     WORKDIR/draft/ckpt/, WORKDIR/draft/data.npz         stage 3 (`vlm_head.py`): the head on the VLM's answers
     WORKDIR/vlm/draft/                                 the fine-tuned head (kind "eagle_head"), the VLM's draft
@@ -67,21 +69,15 @@ def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.
     return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
 
 
-def align_batch(c: VLMRecipe, data, prompts: vlm_model.Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
+def _rows(pad: int, rows: list[tuple[list[int], list[int]]], t: int, a: int) -> dict[str, np.ndarray]:
     """Right-padded rows [prompt with visual tokens ; answer ; <|im_end|>], the answer's positions and targets."""
-    rng = np.random.default_rng([c.seed, 2, step])
-    picks = vlm_model.draw(c, data, rng, batch_size)
-    t, a = c.seq_len, c.answer_len
-    pad = prompts.cfg.text.pad_token_id
-    tokens = np.full((batch_size, t), pad, np.int32)
-    valid = np.zeros((batch_size, t), bool)
-    where = np.zeros((batch_size, a), np.int32)
-    target = np.zeros((batch_size, a), np.int32)
-    weight = np.zeros((batch_size, a), np.float32)
-    images = []
-    for i, (s, r) in enumerate(picks):
-        q, ans = vlm_data.question_answer(s, int(data[s].labels[r]), rng)
-        p, y = prompts.prompt(q), prompts.answer(ans)
+    n = len(rows)
+    tokens = np.full((n, t), pad, np.int32)
+    valid = np.zeros((n, t), bool)
+    where = np.zeros((n, a), np.int32)
+    target = np.zeros((n, a), np.int32)
+    weight = np.zeros((n, a), np.float32)
+    for i, (p, y) in enumerate(rows):
         if len(p) + len(y) > t or len(y) > a:
             raise ValueError(f"a row of {len(p)} + {len(y)} tokens does not fit seq_len {t} / answer_len {a}")
         tokens[i, : len(p) + len(y)] = p + y
@@ -89,9 +85,42 @@ def align_batch(c: VLMRecipe, data, prompts: vlm_model.Prompts, step: int, batch
         where[i, : len(y)] = np.arange(len(p) - 1, len(p) - 1 + len(y))
         target[i, : len(y)] = y
         weight[i, : len(y)] = 1.0
+    return {"tokens": tokens, "valid": valid, "where": where, "target": target, "weight": weight}
+
+
+def align_batch(c: VLMRecipe, data, prompts: vlm_model.Prompts, step: int, batch_size: int,
+                seq_len: int | None = None, stage: int = 2) -> dict[str, np.ndarray]:
+    """`batch_size` image rows (`_rows`) with their tiles."""
+    rng = np.random.default_rng([c.seed, stage, step])
+    picks = vlm_model.draw(c, data, rng, batch_size)
+    rows, images = [], []
+    for s, r in picks:
+        q, ans = vlm_data.question_answer(s, int(data[s].labels[r]), rng)
+        rows.append((prompts.prompt(q), prompts.answer(ans)))
         images.append(_image(data, s, r, rng))
-    return {"tokens": tokens, "valid": valid, "where": where, "target": target, "weight": weight,
-            "tiles": vlm_model.pixels(np.stack(images)).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)}
+    out = _rows(prompts.cfg.text.pad_token_id, rows, seq_len or c.seq_len, c.answer_len)
+    return {**out, "tiles": vlm_model.pixels(np.stack(images)).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)}
+
+
+def video_batch(c: VLMRecipe, data, prompts: vlm_model.Prompts, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    """The video stage's batch: image rows (`align_batch`) then `video_share` of the rows clips of training
+    Fashion-MNIST items (`vlm_data.draw_clip`) asked which items appear; "frames" [Nv, F, 3, 28, 28]."""
+    n_vid = max(1, round(batch_size * c.video_share))
+    n_img = batch_size - n_vid
+    rng = np.random.default_rng([c.seed, 4, step])
+    rows, clips = [], []
+    for _ in range(n_vid):
+        frames, labels = vlm_data.draw_clip(data["fashion"], rng)
+        q = str(rng.choice(vlm_data.VIDEO_QUESTIONS))
+        rows.append((prompts.video_prompt(q, len(frames)), prompts.answer(vlm_data.clip_answer(labels))))
+        clips.append(vlm_model.pixels(frames)[:, 0])
+    vid = _rows(prompts.cfg.text.pad_token_id, rows, c.video_seq_len, c.answer_len)
+    if not n_img:
+        return {**vid, "tiles": np.zeros((0, 3, vlm_model.TILE, vlm_model.TILE), np.float32),
+                "frames": np.stack(clips)}
+    img = align_batch(c, data, prompts, step, n_img, seq_len=c.video_seq_len, stage=5)
+    out = {k: np.concatenate([img[k], vid[k]]) for k in vid}
+    return {**out, "tiles": img["tiles"], "frames": np.stack(clips)}
 
 
 # -------------------------------------------------------------------------------------------------------- losses
@@ -112,13 +141,14 @@ def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict, token_lo
 
 
 def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: serving_lm.LM, batch: dict):
-    """Mean cross-entropy of the frozen LM on the answer tokens, given the image features of `params`."""
+    """Mean cross-entropy of the frozen LM on the answer tokens, given the image (and video) features of
+    `params`: rows of images ("tiles", two a row), then rows of clips ("frames" [Nv, F, 3, S, S]) when given."""
     tokens, valid = batch["tokens"], batch["valid"]
-    b, t = tokens.shape
-    n_slots = b * vlm_model.n_visual(cfg)
-    slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=n_slots)[0].astype(jnp.int32)
-    x = lo.embed_inputs(cfg, vlm_model.plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, batch["tiles"],
-                        None, slots, None)
+    t = tokens.shape[1]
+    plan, tiles, frames, image_slots, video_slots = vlm_model.visual_inputs(cfg, tokens, batch["tiles"],
+                                                                            batch.get("frames"))
+    x = lo.embed_inputs(cfg, plan, {**params, "lm": {"embed": lm.embed}}, tokens, tiles, frames, image_slots,
+                        video_slots)
     positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
     hidden, _ = lm.forward(None, positions, mask, embeddings=x)
@@ -208,6 +238,40 @@ def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: s
     return out
 
 
+def answer_videos(parts: vlm_model.Parts, params: dict, clips: np.ndarray, question: str = vlm_data.VIDEO_QUESTION,
+                  max_new_tokens: int = 20, batch_size: int = 8) -> list[str]:
+    """Greedy answers (plain decoding) to `question` about each clip [N, F, 28, 28, 3]."""
+    prompts = vlm_model.Prompts(parts.cfg, parts.tokenizer)
+    f = clips.shape[1]
+    ids = np.asarray([prompts.video_prompt(question, f)] * len(clips), np.int32)
+    full = {**params, "lm": parts.lm_params}
+    out = []
+    for i in range(0, len(clips), batch_size):
+        chunk = clips[i: i + batch_size]
+        n = len(chunk)
+        tok = ids[:n]
+        slots = np.flatnonzero(tok.reshape(-1) == parts.cfg.video_token_id).astype(np.int32)
+        frames = vlm_model.pixels(chunk.reshape(-1, *chunk.shape[2:]))[:, 0]
+        valid = np.ones(tok.shape, bool)
+        pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
+        gen = lo.generate_tokens(parts.cfg, vlm_model.plan(parts.cfg, 0, n), max_new_tokens, full, tok, None, frames,
+                                 None, slots, valid, pos)
+        out += [parts.tokenizer.decode(_until_eos(row, parts.cfg.text.eos_token_ids), skip_special_tokens=True)
+                for row in np.asarray(gen)]
+    return out
+
+
+def heldout_video_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
+    """Greedy answers to `n` held-out clips (`vlm_data.heldout_clips`): "accuracy", the share that name exactly the
+    clip's items; "items", the share of the clips' items named."""
+    clips, labels = vlm_data.heldout_clips(n)
+    texts = answer_videos(parts, params, clips)
+    named = [vlm_data.classes_named(t) for t in texts]
+    right = [k == {int(x) for x in y} for k, y in zip(named, labels, strict=True)]
+    items = [len(k & {int(x) for x in y}) / len(y) for k, y in zip(named, labels, strict=True)]
+    return {"accuracy": float(np.mean(right)), "items": float(np.mean(items)), "n": n, "example": texts[0]}
+
+
 def _until_eos(row, eos) -> list[int]:
     row = [int(x) for x in row]
     ends = [i for i, x in enumerate(row) if x in eos]
@@ -228,13 +292,70 @@ def heldout_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
 
 def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str], None] = loop.log_line,
         parts: vlm_model.Parts | None = None, heldout: int = 100) -> dict:
-    """Both stages, then the export to WORKDIR/vlm, the loss plot and WORKDIR/summary.json (module docstring)."""
+    """The stages (tower and align, or the VLM `c.init`; then video when set), the export to WORKDIR/vlm, the
+    draft head, the loss plot and WORKDIR/summary.json (module docstring)."""
     t0 = time.perf_counter()
     parts = parts or vlm_model.load_parts(c)
     cfg = parts.cfg
     fresh = init_params(cfg, c.seed)
     log(f"tower: {_count(fresh['vision']):,} params; projector + newline: "
         f"{_count(fresh['projector']) + cfg.text.d_model:,}; {vlm_model.n_visual(cfg)} visual tokens per image")
+    prompts = vlm_model.Prompts(cfg, parts.tokenizer)
+    if c.init is not None:
+        params, probe_acc = initial(c, cfg), None
+        log(f"tower and align stages: the trained VLM {c.init}")
+    else:
+        params, probe_acc = _image_stages(c, parts, fresh, prompts, workdir, progress, log)
+    if c.video is not None:
+        labels = {k: jax.tree.map(lambda _, k=k: "tower" if k == "vision" else "proj", v) for k, v in params.items()}
+        opt = loop.optimizer(c.video, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
+
+        def evaluate(p, s):
+            return {**heldout_video_accuracy(parts, p, c.eval_images),
+                    "image": heldout_accuracy(parts, p, c.eval_images)["accuracy"]}
+
+        params = loop.stage(
+            "video", c.video, params, lambda p, lm, b: align_loss(cfg, p, lm, b),
+            lambda s: video_batch(c, parts.data, prompts, s, c.video.batch_size), workdir, opt=opt,
+            frozen=parts.lm_serving, evaluate=evaluate, progress=progress, log=log).params
+    out = export(c, parts, params, os.path.join(workdir, "vlm"))
+    if c.draft is not None:
+        from configs import checkpoint
+
+        out_head = export_draft(c, parts, params, workdir, progress=progress, log=log)
+        checkpoint.write_sums(out)  # the VLM's manifest lists the head it ships inside
+        log(f"draft head: {out_head}")
+    final = heldout_accuracy(parts, params, heldout)
+    log(f"held-out Fashion-MNIST test images: {final['accuracy']:.1%} of {heldout} answers name the right class")
+    summary = {"heldout": final, "probe": probe_acc, "export": out}
+    if c.video is not None:
+        clips = heldout_video_accuracy(parts, params, heldout)
+        log(f"held-out clips: {clips['accuracy']:.1%} of {heldout} answers name exactly the clip's items")
+        summary["heldout_video"] = clips
+    plot(workdir)
+    summary.update(seconds=time.perf_counter() - t0, recipe=c.to_json())
+    loop.write_json(os.path.join(workdir, "summary.json"), summary)
+    return summary
+
+
+def initial(c: VLMRecipe, cfg: lo.LlavaOnevisionConfig) -> dict:
+    """The tower, projector and image_newline of the trained VLM `c.init` (checked against the recipe's tower)."""
+    from configs import checkpoint
+    from sage_jax.io import vlm_checkpoint
+
+    if not os.path.isdir(c.init):
+        raise FileNotFoundError(f"init: no VLM checkpoint at {c.init}")
+    _, got = vlm_checkpoint.read_config(c.init)
+    if getattr(got, "vision", None) != cfg.vision:
+        raise ValueError(f"init: {c.init} is not a VLM with this recipe's tower ({cfg.vision})")
+    own = checkpoint.restore(c.init)
+    return {k: jax.tree.map(jnp.asarray, own[k]) for k in ("vision", "projector", "image_newline")}
+
+
+def _image_stages(c: VLMRecipe, parts: vlm_model.Parts, fresh: dict, prompts: vlm_model.Prompts, workdir: str,
+                  progress: bool, log: Callable[[str], None]) -> tuple[dict, dict]:
+    """The tower and align stages: (params, the tower probe's held-out accuracy)."""
+    cfg = parts.cfg
     dv = cfg.vision.hidden_size
     probe = {"w": jnp.zeros((dv, N_PROBE)), "b": jnp.zeros(N_PROBE)}
     tower = loop.stage(
@@ -243,7 +364,6 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
         lambda s: tower_batch(c, parts.data, s, c.tower.batch_size), workdir, progress=progress, log=log).params
     probe_acc = _cached(os.path.join(workdir, "tower", "probe.json"), lambda: probe_accuracy(cfg, tower))
     log(f"tower probe on held-out Fashion-MNIST: {probe_acc}")
-    prompts = vlm_model.Prompts(cfg, parts.tokenizer)
     params = {"vision": tower["vision"], "projector": fresh["projector"], "image_newline": fresh["image_newline"]}
     if c.warm_start:
         params = warm_projector(c, parts, params)
@@ -257,17 +377,7 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
         lambda s: align_batch(c, parts.data, prompts, s, c.align.batch_size), workdir, opt=opt,
         frozen=parts.lm_serving, evaluate=lambda p, s: heldout_accuracy(parts, p, c.eval_images),
         progress=progress, log=log).params
-    out = export(c, parts, params, os.path.join(workdir, "vlm"))
-    if c.draft is not None:
-        out_head = export_draft(c, parts, params, workdir, progress=progress, log=log)
-        log(f"draft head: {out_head}")
-    final = heldout_accuracy(parts, params, heldout)
-    log(f"held-out Fashion-MNIST test images: {final['accuracy']:.1%} of {heldout} answers name the right class")
-    plot(workdir)
-    summary = {"heldout": final, "probe": probe_acc, "export": out, "seconds": time.perf_counter() - t0,
-               "recipe": c.to_json()}
-    loop.write_json(os.path.join(workdir, "summary.json"), summary)
-    return summary
+    return params, probe_acc
 
 
 def _count(tree) -> int:
@@ -278,12 +388,16 @@ def export(c: VLMRecipe, parts: vlm_model.Parts, params: dict, out: str) -> str:
     """The trained VLM as our checkpoint (kind "vlm", its language model the shipped default, not copied)."""
     import tempfile
 
+    from configs import provenance
     from sage_jax.io import vlm_checkpoint
 
+    record = {"recipe": c.to_json(), "trained_by": "python -m sage_jax.train_vlm"}
+    if c.init is not None:
+        record["init_sha256"] = provenance.checkpoint_sha256(c.init)
     with tempfile.TemporaryDirectory() as proc:
         vlm_model.write_processor(proc)
         return vlm_checkpoint.save_adapter(out, parts.cfg, params, parts.tokenizer, proc, overwrite=True,
-                                      provenance={"recipe": c.to_json(), "trained_by": "python -m sage_jax.train_vlm"})
+                                           provenance=record)
 
 
 def export_draft(c: VLMRecipe, parts: vlm_model.Parts, params: dict, workdir: str, *, progress: bool = True,
@@ -310,7 +424,8 @@ def plot(workdir: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [n for n in ("tower", "align", "draft") if os.path.isfile(os.path.join(workdir, n, "losses.json"))]
+    stages = [n for n in ("tower", "align", "video", "draft")
+              if os.path.isfile(os.path.join(workdir, n, "losses.json"))]
     fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(5 * max(1, len(stages)), 3.5), squeeze=False)
     for ax, name in zip(axes[0], stages, strict=True):
         losses = loop.read_json(os.path.join(workdir, name, "losses.json"), {})

@@ -383,3 +383,24 @@ def test_generate_image_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
     assert out["compare"]["identical"], (out["text"], out["compare"])
     assert vlm_data.class_named(out["text"]) == int(test.labels[i]), out["text"]
     assert out["stats"]["draft_prompt_tokens"] < out["stats"]["prompt_tokens"]  # the draft saw a pruned image
+
+
+@pytest.mark.integration
+def test_generate_video_on_the_shipped_vlm(cli_env, cache_dir, tmp_path):
+    """The README's clip: `write_clip` makes held-out clip 0 as an animated GIF, and `generate --video` with nothing
+    else given asks the shipped VLM which items appear: its answer names them, SAGE equals AR, and the draft VLM saw
+    a pruned clip (a tenth of its video tokens)."""
+    from configs.datasets import FASHION_MNIST_DIR
+    from sage_jax.training import vlm_data
+
+    if not os.path.isdir(FASHION_MNIST_DIR):
+        pytest.skip("dataset-fashion-mnist missing")
+    path = str(tmp_path / "clip.gif")
+    items = vlm_data.write_clip(path, 0)
+    proc = _cli(dict(cli_env, SAGE_JAX_CACHE=cache_dir), "--video", path, "--budget", "static",
+                "--max-new-tokens", "16", "--compare", "--json", timeout=900)
+    out = _json(proc)
+    assert "shipped draft VLM" in proc.stderr
+    assert out["compare"]["identical"], (out["text"], out["compare"])
+    assert vlm_data.classes_named(out["text"]) == {vlm_data.FASHION.index(k) for k in items}, out["text"]
+    assert out["stats"]["draft_prompt_tokens"] < out["stats"]["prompt_tokens"]

@@ -46,7 +46,9 @@ def test_prompts_file_replaces_the_set(tmp_path, capsys):
     s = suite.build(bench.parse(["--quick", "--no-hf", "--methods", "ar", "--prompts-file", str(path)]))
     assert len(s.prompts) == 2 and len(s.prompts[1]) == 24 and "2 prompts from mine.txt" in s.title
     for argv, msg in ((["--prompts-file", str(tmp_path / "none.txt")], "no such prompts file"),
-                      (["--vlm", "--prompts-file", str(path)], "--prompts-file takes text prompts")):
+                      (["--vlm", "--prompts-file", str(path)], "--prompts-file takes text prompts"),
+                      (["--clips"], "--clips goes with --vlm"),
+                      (["--vlm", "--clips", "--image", str(path)], "--clips asks the shipped VLM")):
         assert bench.main(["--quick", "--no-hf", "--out", str(tmp_path), *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]

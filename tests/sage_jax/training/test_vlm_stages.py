@@ -17,6 +17,8 @@ from sage_jax.models.siglip import SiglipConfig
 from sage_jax.training import loop, vlm_data, vlm_model, vlm_stages
 from sage_jax.training.vlm_recipe import StageConfig, VLMRecipe
 
+#: The VLM of the recipe's tower and align stages (shipped before the video stage), which the video stage started from.
+IMAGE_STAGES_SHA256 = "396cd9c089a84995f4248023183991fd4e80d8715bf7eee5b08ed3b4fc0ac747"
 needs_fashion = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist missing")
 
 
@@ -59,6 +61,46 @@ def test_tokenizer_renames_only_the_placeholder(text_tokenizer, tok):
             == text_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False))
     img = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
     assert "<|im_start|>user\n<image>\nWhat is this?<|im_end|>" in tok.apply_chat_template(img, tokenize=False)
+
+
+def test_the_video_placeholder_is_its_own_token(text_tokenizer, tok):
+    assert tok("<video>")["input_ids"] == [vlm_model.VIDEO_TOKEN_ID]
+    assert tok("<jupyter_script>")["input_ids"] != [vlm_model.VIDEO_TOKEN_ID]
+    vid = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What is in this video?"}]}]
+    assert "<|im_start|>user\n<video>\nWhat is in this video?<|im_end|>" in tok.apply_chat_template(vid, tokenize=False)
+
+
+def test_a_clip_shows_its_items_in_turn_and_its_answer_names_them():
+    rng = np.random.default_rng(0)
+    items = rng.integers(1, 255, (3, 28, 28, 3), dtype=np.uint8)
+    frames = vlm_data.clip(items, 8)
+    assert frames.shape == (24, 28, 28, 3) and frames.dtype == np.uint8
+    assert all(not np.array_equal(frames[i], frames[i + 1]) for i in range(23))  # it moves: no two frames repeat
+    np.testing.assert_array_equal(frames[4], items[0])  # mid-way through its frames an item sits where it was
+    np.testing.assert_array_equal(frames[8 + 5][:, 1:], items[1][:, :-1])  # then slides one pixel a frame
+    assert vlm_data.clip_answer([5, 9, 6]) == "A sandal, an ankle boot and a shirt."
+    assert vlm_data.clip_answer([1]) == "A pair of trousers."
+    for _ in range(200):
+        labels = rng.choice(10, size=3, replace=False)
+        assert vlm_data.classes_named(vlm_data.clip_answer(labels)) == set(labels.tolist())
+
+
+@needs_fashion
+def test_heldout_clips_come_from_the_test_split_and_round_trip_a_gif(tmp_path):
+    from sage_jax.io.images import load_frames
+
+    test = vlm_data.fashion("test")
+    frames, labels = vlm_data.heldout_clips(3, test=test)
+    later, _ = vlm_data.heldout_clips(2, start=1, test=test)
+    np.testing.assert_array_equal(frames[1:], later)  # clip i is the same wherever a range starts
+    assert all(len(set(y.tolist())) == 3 for y in labels)
+    mid = frames[:, 4::8]  # each item unshifted
+    for clip_items, y in zip(mid, labels, strict=True):
+        for item, k in zip(clip_items, y, strict=True):
+            rows = np.flatnonzero(test.labels == k)
+            assert any(np.array_equal(item, test.pixels[r]) for r in rows)
+    assert vlm_data.write_clip(str(tmp_path / "clip.gif"), 2) == [vlm_data.FASHION[k] for k in labels[2]]
+    np.testing.assert_array_equal(load_frames(tmp_path / "clip.gif"), frames[2])
 
 
 @needs_fashion
@@ -142,6 +184,26 @@ def test_align_batch_scores_exactly_the_answer(tok):
     assert all(np.array_equal(b[k], again[k]) for k in b)  # a batch is a function of the step alone
 
 
+def test_video_batch_scores_the_clip_answers_and_feeds_the_frames(tok):
+    parts = _tiny_parts(tok)
+    parts = dataclasses.replace(parts, cfg=dataclasses.replace(parts.cfg, video_token_id=vlm_model.VIDEO_TOKEN_ID))
+    c = dataclasses.replace(_recipe(parts), video=StageConfig(steps=2, batch_size=4, lr=1e-3))
+    prompts = vlm_model.Prompts(parts.cfg, tok)
+    b = vlm_stages.video_batch(c, parts.data, prompts, step=1, batch_size=4)
+    assert b["frames"].shape == (2, 24, 3, 28, 28) and b["tiles"].shape == (4, 3, 28, 28)
+    assert (b["tokens"] == vlm_model.IMAGE_TOKEN_ID).sum(axis=1).tolist() == [36, 36, 0, 0]
+    assert (b["tokens"] == vlm_model.VIDEO_TOKEN_ID).sum(axis=1).tolist() == [0, 0, 97, 97]  # 24 x 2x2 + newline
+    for row in (2, 3):
+        n = int(b["weight"][row].sum())
+        answer = tok.decode(b["target"][row, : n - 1])
+        assert len(vlm_data.classes_named(answer)) == 3, answer
+    params = vlm_stages.init_params(parts.cfg, 0)
+    loss = jax.jit(lambda p, b: vlm_stages.align_loss(parts.cfg, p, parts.lm_serving, b)[0])
+    base = float(loss(params, b))
+    assert np.isfinite(base)
+    assert float(loss(params, {**b, "frames": b["frames"][::-1]})) != base  # the clips reach their rows
+
+
 @pytest.mark.integration
 def test_stages_resume_bit_for_bit(tok, tmp_path):
     parts = _tiny_parts(tok)
@@ -191,4 +253,6 @@ def test_shipped_vlm_was_trained_by_the_readme_recipe():
     defaults = {f.name: f.default for f in dataclasses.fields(VLMRecipe) if f.default is not dataclasses.MISSING}
     newer = want.keys() - shipped.keys()
     assert all(want[k] == defaults[k] for k in newer), {k: want[k] for k in newer}
-    assert shipped == {k: v for k, v in want.items() if k not in newer}
+    # The video stage ran on the VLM the recipe's tower and align stages had made (`init`, by its sha256).
+    assert meta["provenance"]["init_sha256"] == IMAGE_STAGES_SHA256
+    assert shipped == {k: v for k, v in want.items() if k not in newer} | {"init": shipped["init"]}
