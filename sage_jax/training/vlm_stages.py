@@ -216,47 +216,37 @@ def warm_projector(c: VLMRecipe, parts: vlm_model.Parts, params: dict, lam: floa
 # ------------------------------------------------------------------------------------------------- evaluation
 
 
-def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: str = vlm_data.DEFAULT_QUESTION,
+def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: str | None = None,
            max_new_tokens: int = 16, batch_size: int = 16) -> list[str]:
-    """Greedy answers (plain decoding, the model's own `generate`) to `question` about each 28x28 image."""
-    prompts = vlm_model.Prompts(parts.cfg, parts.tokenizer)
-    ids = np.asarray([prompts.prompt(question)] * len(images), np.int32)
+    """Greedy answers (plain decoding, the model's own `generate`) to `question` about each 28x28 image [N, 28, 28,
+    3], or each clip [N, F, 28, 28, 3] (default question: `DEFAULT_QUESTION`, or `VIDEO_QUESTION` for clips)."""
+    video = images.ndim == 5
+    cfg = parts.cfg
+    prompts = vlm_model.Prompts(cfg, parts.tokenizer)
+    if video:
+        ids = prompts.video_prompt(question or vlm_data.VIDEO_QUESTION, images.shape[1])
+    else:
+        ids = prompts.prompt(question or vlm_data.DEFAULT_QUESTION)
+    ids = np.asarray([ids] * len(images), np.int32)
     full = {**params, "lm": parts.lm_params}
     out = []
     for i in range(0, len(images), batch_size):
         chunk = images[i: i + batch_size]
         n = len(chunk)
         tok = ids[:n]
-        slots = np.flatnonzero(tok.reshape(-1) == parts.cfg.image_token_id).astype(np.int32)
-        tiles = vlm_model.pixels(chunk).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
         valid = np.ones(tok.shape, bool)
         pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
-        gen = lo.generate_tokens(parts.cfg, vlm_model.plan(parts.cfg, n), max_new_tokens, full, tok, tiles, None,
-                                 slots, None, valid, pos)
-        out += [parts.tokenizer.decode(_until_eos(row, parts.cfg.text.eos_token_ids), skip_special_tokens=True)
-                for row in np.asarray(gen)]
-    return out
-
-
-def answer_videos(parts: vlm_model.Parts, params: dict, clips: np.ndarray, question: str = vlm_data.VIDEO_QUESTION,
-                  max_new_tokens: int = 20, batch_size: int = 8) -> list[str]:
-    """Greedy answers (plain decoding) to `question` about each clip [N, F, 28, 28, 3]."""
-    prompts = vlm_model.Prompts(parts.cfg, parts.tokenizer)
-    f = clips.shape[1]
-    ids = np.asarray([prompts.video_prompt(question, f)] * len(clips), np.int32)
-    full = {**params, "lm": parts.lm_params}
-    out = []
-    for i in range(0, len(clips), batch_size):
-        chunk = clips[i: i + batch_size]
-        n = len(chunk)
-        tok = ids[:n]
-        slots = np.flatnonzero(tok.reshape(-1) == parts.cfg.video_token_id).astype(np.int32)
-        frames = vlm_model.pixels(chunk.reshape(-1, *chunk.shape[2:]))[:, 0]
-        valid = np.ones(tok.shape, bool)
-        pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
-        gen = lo.generate_tokens(parts.cfg, vlm_model.plan(parts.cfg, 0, n), max_new_tokens, full, tok, None, frames,
-                                 None, slots, valid, pos)
-        out += [parts.tokenizer.decode(_until_eos(row, parts.cfg.text.eos_token_ids), skip_special_tokens=True)
+        slots = np.flatnonzero(tok.reshape(-1) == (cfg.video_token_id if video else cfg.image_token_id))
+        slots = slots.astype(np.int32)
+        if video:
+            frames = vlm_model.pixels(chunk.reshape(-1, *chunk.shape[2:]))[:, 0]
+            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, 0, n), max_new_tokens, full, tok, None, frames, None,
+                                     slots, valid, pos)
+        else:
+            tiles = vlm_model.pixels(chunk).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, n), max_new_tokens, full, tok, tiles, None, slots,
+                                     None, valid, pos)
+        out += [parts.tokenizer.decode(_until_eos(row, cfg.text.eos_token_ids), skip_special_tokens=True)
                 for row in np.asarray(gen)]
     return out
 
@@ -265,7 +255,7 @@ def heldout_video_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict
     """Greedy answers to `n` held-out clips (`vlm_data.heldout_clips`): "accuracy", the share that name exactly the
     clip's items; "items", the share of the clips' items named."""
     clips, labels = vlm_data.heldout_clips(n)
-    texts = answer_videos(parts, params, clips)
+    texts = answer(parts, params, clips, max_new_tokens=20, batch_size=8)
     named = [vlm_data.classes_named(t) for t in texts]
     right = [k == {int(x) for x in y} for k, y in zip(named, labels, strict=True)]
     items = [len(k & {int(x) for x in y}) / len(y) for k, y in zip(named, labels, strict=True)]
