@@ -63,16 +63,8 @@ def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questi
         take = np.concatenate([rows, np.full(batch - len(rows), rows[0])])
         tok_b, val_b = tokens[take], valid[take]
         pos = np.maximum(np.cumsum(val_b, axis=1) - 1, 0).astype(np.int32)
-        if video:
-            slots = np.flatnonzero(tok_b.reshape(-1) == cfg.video_token_id).astype(np.int32)
-            frames = vlm_model.pixels(images[take].reshape(-1, *images.shape[2:]))[:, 0]
-            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, 0, batch), max_new, full, tok_b, None, frames, None,
-                                     slots, val_b, pos)
-        else:
-            slots = np.flatnonzero(tok_b.reshape(-1) == cfg.image_token_id).astype(np.int32)
-            tiles = vlm_model.pixels(images[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
-            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, batch), max_new, full, tok_b, tiles, None, slots, None,
-                                     val_b, pos)
+        plan, tiles, frames, image_slots, video_slots = vlm_model.media_inputs(cfg, tok_b, images[take])
+        gen = lo.generate_tokens(cfg, plan, max_new, full, tok_b, tiles, frames, image_slots, video_slots, val_b, pos)
         out[rows] = np.asarray(gen)[: len(rows)]
     eos = cfg.text.eos_token_ids[0]
     seq = np.full((n, width + max_new), pad, np.int32)

@@ -107,6 +107,18 @@ def plan(cfg: LlavaOnevisionConfig, n: int, videos: int = 0) -> Plan:
     return Plan(images=tuple(lay), videos=videos)
 
 
+def media_inputs(cfg: LlavaOnevisionConfig, tokens: np.ndarray, media: np.ndarray) -> tuple:
+    """On the host: (plan, tiles, frames, image_slots, video_slots) for `llava_onevision.generate_tokens` of rows
+    that each hold one image (`media` [N, 28, 28, 3]) or one clip ([N, F, 28, 28, 3])."""
+    flat = tokens.reshape(-1)
+    if media.ndim == 5:
+        frames = pixels(media.reshape(-1, *media.shape[2:]))[:, 0]
+        slots = np.flatnonzero(flat == cfg.video_token_id).astype(np.int32)
+        return plan(cfg, 0, len(media)), None, frames, None, slots
+    tiles = pixels(media).reshape(-1, 3, TILE, TILE)
+    return plan(cfg, len(media)), tiles, None, np.flatnonzero(flat == cfg.image_token_id).astype(np.int32), None
+
+
 def visual_inputs(cfg: LlavaOnevisionConfig, tokens, tiles, frames=None) -> tuple:
     """Inside a jitted step: (plan, tiles, frames, image_slots, video_slots) for `llava_onevision.embed_inputs` of
     rows of images (`tiles` [2 * Ni, 3, 28, 28], two a row) and rows of clips (`frames` [Nv, F, 3, 28, 28], or

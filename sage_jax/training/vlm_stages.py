@@ -236,16 +236,9 @@ def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: s
         tok = ids[:n]
         valid = np.ones(tok.shape, bool)
         pos = np.broadcast_to(np.arange(tok.shape[1], dtype=np.int32), tok.shape)
-        slots = np.flatnonzero(tok.reshape(-1) == (cfg.video_token_id if video else cfg.image_token_id))
-        slots = slots.astype(np.int32)
-        if video:
-            frames = vlm_model.pixels(chunk.reshape(-1, *chunk.shape[2:]))[:, 0]
-            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, 0, n), max_new_tokens, full, tok, None, frames, None,
-                                     slots, valid, pos)
-        else:
-            tiles = vlm_model.pixels(chunk).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
-            gen = lo.generate_tokens(cfg, vlm_model.plan(cfg, n), max_new_tokens, full, tok, tiles, None, slots,
-                                     None, valid, pos)
+        plan, tiles, frames, image_slots, video_slots = vlm_model.media_inputs(cfg, tok, chunk)
+        gen = lo.generate_tokens(cfg, plan, max_new_tokens, full, tok, tiles, frames, image_slots, video_slots, valid,
+                                 pos)
         out += [parts.tokenizer.decode(_until_eos(row, cfg.text.eos_token_ids), skip_special_tokens=True)
                 for row in np.asarray(gen)]
     return out
