@@ -23,17 +23,20 @@ def _jitted(graphdef):
     return jax.jit(lambda p, x, t, c: nnx.merge(graphdef, p)(x, t, c))
 
 
-def test_unet_shapes_2d_1d_and_conditional():
-    for cfg, shape in [(TINY, (2, 8, 8, 1)), (dataclasses.replace(TINY, dims=1), (2, 16, 1)),
-                       (dataclasses.replace(TINY, cond_channels=1), (2, 8, 8, 1))]:
-        graphdef, params = nnx.split(UNet(cfg, rngs=nnx.Rngs(0)))
-        f = _jitted(graphdef)
-        x = jax.random.normal(jax.random.key(0), shape)
-        out = f(params, x, jnp.array([0, 900]), x if cfg.cond_channels else None)
-        assert out.shape == shape and bool(jnp.all(jnp.isfinite(out)))
-        # The time embedding matters: two different steps give different ε̂ for the same input.
-        out2 = f(params, x[::-1][::-1], jnp.array([900, 0]), x if cfg.cond_channels else None)
-        assert float(jnp.abs(out - out2).max()) > 1e-4
+# A compile of each form (~12 s on 2 cores): the 1-D and conditional forms run under -m integration.
+@pytest.mark.parametrize("form", ["2d", pytest.param("1d", marks=pytest.mark.integration),
+                                  pytest.param("conditional", marks=pytest.mark.integration)])
+def test_unet_shapes_2d_1d_and_conditional(form):
+    cfg, shape = {"2d": (TINY, (2, 8, 8, 1)), "1d": (dataclasses.replace(TINY, dims=1), (2, 16, 1)),
+                  "conditional": (dataclasses.replace(TINY, cond_channels=1), (2, 8, 8, 1))}[form]
+    graphdef, params = nnx.split(UNet(cfg, rngs=nnx.Rngs(0)))
+    f = _jitted(graphdef)
+    x = jax.random.normal(jax.random.key(0), shape)
+    out = f(params, x, jnp.array([0, 900]), x if cfg.cond_channels else None)
+    assert out.shape == shape and bool(jnp.all(jnp.isfinite(out)))
+    # The time embedding matters: two different steps give different ε̂ for the same input.
+    out2 = f(params, x[::-1][::-1], jnp.array([900, 0]), x if cfg.cond_channels else None)
+    assert float(jnp.abs(out - out2).max()) > 1e-4
 
 
 def test_unet_data_parallel_matches_single_device(devices):
@@ -199,6 +202,7 @@ def test_dncnn_trains_and_is_loaded_beside_the_unet(tiny_run):
     assert 0.0 < float(metrics.grad_rel_l2(g_hat, g_sent)) and np.isfinite(float(metrics.grad_rel_l2(g_hat, g_sent)))
 
 
+@pytest.mark.integration
 def test_dncnn_resumes_exactly(tiny_run):
     """The DnCNN trains on the U-Net's loop: stopped after its first step and rerun, it resumes from its state with the
     uninterrupted run's losses and weights."""

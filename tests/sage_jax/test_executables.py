@@ -21,6 +21,9 @@ def every_compile_cached():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
 
 
+# A real compile of each loop and three fresh engines (~45 s on 2 cores): under -m integration; the key, the prefetch
+# and the store's bounds are checked in the default suite.
+@pytest.mark.integration
 def test_stored_loops_load_in_a_new_engine_and_decode_the_same(tiny_lm, tmp_path, monkeypatch, every_compile_cached):
     target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
     prompt = [3, 4, 5, 6]

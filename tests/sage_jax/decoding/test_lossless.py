@@ -79,7 +79,8 @@ def test_tiny_batch_every_policy_matches_ar(tiny_pair, matmul):
         assert got.stats.steps < ref.stats.steps or name == "chain", (name, got.stats.steps)
 
 
-@pytest.mark.parametrize("matmul", MATMULS)
+# XLA's dot is checked in the default suite on the real pair (below); here under -m integration.
+@pytest.mark.parametrize("matmul", ["auto", pytest.param("xla", marks=pytest.mark.integration)])
 def test_tiny_self_draft_and_token_limit(tiny_pair, matmul):
     target, _ = tiny_pair
     engine = _engine(target, draft_spec=DraftSpec(kind="self", n_layers=2), matmul=matmul)

@@ -24,7 +24,7 @@ def _rows(vocab: int, n: int, length: int, seed: int) -> dict[str, np.ndarray]:
             "answer_start": rng.integers(3, length // 2, n).astype(np.int32), "kind": np.zeros((n,), np.int32)}
 
 
-@pytest.mark.parametrize("taps", [(), (2, 0)])
+@pytest.mark.parametrize("taps", [(), pytest.param((2, 0), marks=pytest.mark.integration)])
 def test_online_loss_and_gradient_are_the_cached_features(target, taps):
     lm_t = target.serving()
     cfg = eagle_head.head_config(target.cfg)
