@@ -59,9 +59,10 @@ def kernel(tmp_path_factory):
         yield KERNEL
 
 
-# The PGLA quickstart (the cheaper) runs in the default suite, the SAGE one under -m integration.
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.integration) if p.stem == "sage_quickstart" else p
-                                  for p in NOTEBOOKS], ids=lambda p: p.stem)
+# End to end in a Jupyter kernel (40 s to minutes each on 2 cores): under -m integration. The default suite checks that
+# they are there and stored clean, and the parts they call in their own tests.
+@pytest.mark.integration
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_end_to_end(path, kernel):
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, kernel_name=kernel, timeout=600, startup_timeout=120,

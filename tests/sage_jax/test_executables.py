@@ -21,8 +21,8 @@ def every_compile_cached():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
 
 
-# A real compile of each loop and three fresh engines (~45 s on 2 cores): under -m integration; the key, the prefetch
-# and the store's bounds are checked in the default suite.
+# Real compiles of the loops and fresh engines (20-45 s each on 2 cores): under -m integration; the store's key is
+# checked in the default suite.
 @pytest.mark.integration
 def test_stored_loops_load_in_a_new_engine_and_decode_the_same(tiny_lm, tmp_path, monkeypatch, every_compile_cached):
     target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
@@ -65,6 +65,7 @@ def test_the_key_follows_the_arguments_and_the_config():
     assert executables.key("loops", ("a", 1), (x,)) != executables.key("loops", ("a", 1), (x[:1],))
 
 
+@pytest.mark.integration
 def test_prefetch_loads_what_the_last_run_with_the_same_settings_asked_for(tiny_lm, tmp_path, every_compile_cached):
     target = tiny_lm(0, vocab_size=64, n_layers=2, eos_token_ids=())
     prompt, setups = [3, 4, 5, 6], []

@@ -79,8 +79,7 @@ def test_tiny_batch_every_policy_matches_ar(tiny_pair, matmul):
         assert got.stats.steps < ref.stats.steps or name == "chain", (name, got.stats.steps)
 
 
-# XLA's dot is checked in the default suite on the real pair (below); here under -m integration.
-@pytest.mark.parametrize("matmul", ["auto", pytest.param("xla", marks=pytest.mark.integration)])
+@pytest.mark.parametrize("matmul", MATMULS)
 def test_tiny_self_draft_and_token_limit(tiny_pair, matmul):
     target, _ = tiny_pair
     engine = _engine(target, draft_spec=DraftSpec(kind="self", n_layers=2), matmul=matmul)
@@ -110,9 +109,11 @@ def test_real_smollm2_every_policy_matches_ar(smollm2, matmul):
             assert engine.generate([p], policy=policy, max_new_tokens=10).token_ids == r, (name, tok.decode(p))
 
 
+# A compile of the real model's full SAGE loop (~60 s on 2 cores): under -m integration. The default suite checks XLA's
+# dot on the tiny pair (above) and the real pair on "auto" (tests/sage_jax/test_api.py).
+@pytest.mark.integration
 def test_real_smollm2_sage_with_the_shipped_head_matches_ar_on_xlas_dot(smollm2_path):
-    """The README's pair with `--matmul xla`: every verify runs XLA's dot, as on TPU and GPU (the default suite
-    checks "auto" through the README's main command and the API tests)."""
+    """The README's pair with `--matmul xla`: every verify runs XLA's dot, as on TPU and GPU."""
     from sage_jax.engine import load_engine
 
     engine = load_engine(matmul="xla")
