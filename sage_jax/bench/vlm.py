@@ -131,8 +131,9 @@ def build(args, scratch: str):
     return engine, prompts, title, None
 
 
-def _measure(engine, prompts, policy, budget, max_new, ratio=None) -> dict:
-    """Compiles on the first prompt (timed apart), then decodes each prompt: tokens and per-prompt seconds."""
+def _measure(engine, prompts, policy, budget, max_new, ratio=None, acceptance=None) -> dict:
+    """Compiles on the first prompt (timed apart), then decodes each prompt: tokens and per-prompt seconds; each
+    prompt's statistics are also added to `acceptance` (a `budget.AcceptanceStats` of `policy`'s sizes), if given."""
     q, im, vi = prompts[0]
     t0 = time.perf_counter()
     engine.generate([q], images=[im], videos=[vi], policy=policy, budget=budget, max_new_tokens=max_new,
@@ -143,6 +144,8 @@ def _measure(engine, prompts, policy, budget, max_new, ratio=None) -> dict:
         g = engine.generate([q], images=[im], videos=[vi], policy=policy, budget=budget, max_new_tokens=max_new,
                             prune_ratio=ratio)
         s = g.stats
+        if acceptance is not None:
+            acceptance.update(s)
         runs.append({"tokens": g.token_ids[0], "seconds": s.prefill_seconds + s.decode_seconds,
                      "steps": s.steps, "tau": s.mean_accepted, "prompt_tokens": s.prompt_tokens,
                      "draft_prompt_tokens": s.draft_prompt_tokens, "draft_forwards": s.draft_forwards})
