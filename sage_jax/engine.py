@@ -80,7 +80,7 @@ class Stats:
     alpha_trace: list[float]
     depth_trace: list[int] = dataclasses.field(default_factory=list)
     nodes_trace: list[int] = dataclasses.field(default_factory=list)
-    tau_trace: list[int] = dataclasses.field(default_factory=list)
+    tau_trace: list[int] = dataclasses.field(default_factory=list)  # row 0's accepted tokens a step, while it decodes
     width_trace: list[int] = dataclasses.field(default_factory=list)
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards
@@ -557,7 +557,9 @@ class Engine:
             alpha = [float(a) for a in np.asarray(state.alpha_trace)[:steps]]
             depth = np.asarray(state.depth_trace)[:steps].tolist()
             nodes = np.asarray(state.nodes_trace)[:steps].tolist()
-            taus = np.asarray(state.tau_trace)[:steps].tolist()
+            # Row 0's τ only while it decodes: a batch goes on after it stops, and those steps would read as τ = 0
+            # (the acceptance priors' depth histograms, `budget.AcceptanceStats.update`, count these).
+            taus = np.asarray(state.tau_trace)[: int(np.asarray(state.n_steps)[0])].tolist()
         new = int(n_gen.sum())
         loop_tokens = new - len(ids)  # the first token of each row comes from the prefill
         stats = Stats(

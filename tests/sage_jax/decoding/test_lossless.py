@@ -4,6 +4,7 @@ are bit-for-bit independent; "xla" is XLA's dot, what TPU and GPU run); and EOS 
 path end the sequence exactly where AR ends it."""
 
 import jax
+import numpy as np
 import pytest
 
 from cpu_kernels.skinny_matmul import build
@@ -72,10 +73,17 @@ def test_tiny_batch_every_policy_matches_ar(tiny_pair, matmul):
     ref = engine.generate(prompts, policy="ar", max_new_tokens=40)
     lengths = [len(t) for t in ref.token_ids]
     assert len(set(lengths)) > 1 or any(t[-1] == 7 for t in ref.token_ids), "rows should end differently"
+    # The shortest row first, so that row 0 stops while the others decode on (the same buckets: no new compile).
+    prompts = [prompts[i] for i in np.argsort(lengths, kind="stable")]
+    ref = engine.generate(prompts, policy="ar", max_new_tokens=40)
+    assert len(ref.token_ids[0]) < max(map(len, ref.token_ids))
     for name in POLICIES:
         got = engine.generate(prompts, policy=name, max_new_tokens=40)
         assert got.token_ids == ref.token_ids, name
         _assert_tau_counts_committed(got)  # rows end at EOS (7) inside accepted paths
+        # τ's trace is row 0's while it decodes: its steps' tokens are row 0's (the acceptance priors' depths).
+        taus = got.stats.tau_trace
+        assert sum(taus) + len(taus) == len(got.token_ids[0]) - 1, (name, taus)
         assert got.stats.steps < ref.stats.steps or name == "chain", (name, got.stats.steps)
 
 
