@@ -51,7 +51,7 @@ def plot(runs: dict[str, dict], path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4.6))
     for label, run in runs.items():
         rs = rows(run)
         x = [r["ratio"] for r in rs]
@@ -60,8 +60,9 @@ def plot(runs: dict[str, dict], path: str) -> str:
     a.set(xlabel="draft pruning ratio", ylabel="τ (accepted tokens per step)", title="acceptance")
     b.set(xlabel="draft pruning ratio", ylabel="draft prefill FLOPs / ratio 0", title="draft prefill (XLA's count)",
           ylim=(0, 1.05))
-    a.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = a.get_legend_handles_labels()  # below both panels: no line hidden behind it
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 3) // 4), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

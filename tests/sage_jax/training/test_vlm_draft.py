@@ -248,7 +248,8 @@ def test_the_shipped_draft_vlm_keeps_accepting_when_pruned():
     clip in one batch, SAGE (its trees within 8 nodes) with the draft seeing a fifth of the image's tokens and a tenth
     of the clip's equals AR, accepts, and names the clip's items; on the committed Table 5 of this very draft (64
     images, 32 clips, full trees, both selections), τ at a pruning ratio of 0.8 is within 10% of τ with every visual
-    token, every output equalled AR's, and on clips the draft's prefill at 0.8 costs at most 35% of its FLOPs at 0."""
+    token, every output equalled AR's, and on clips the draft's prefill at 0.8 costs at most 35% of its FLOPs at 0; the
+    table's runs of the shipped EAGLE head are of this head, at every ratio, every output AR's."""
     import json
 
     from PIL import Image
@@ -278,3 +279,9 @@ def test_the_shipped_draft_vlm_keeps_accepting_when_pruned():
         assert sweep[0.8]["tau"] >= 0.9 * sweep[0.0]["tau"] and all(r["same_as_ar"] for r in out["sweep"]), run
         if run.startswith("clips"):
             assert sweep[0.8]["draft_prefill_gflops"] <= 0.35 * sweep[0.0]["draft_prefill_gflops"], run
+    for run in ("eagle_attention", "eagle_uniform", "clips_eagle_attention", "clips_eagle_uniform"):  # the head's
+        with open(os.path.join(root, run, "vlm_bench.json")) as f:
+            out = json.load(f)
+        assert out["provenance"]["draft_sha256"] == provenance.checkpoint_sha256(loader.vlm_head_draft()), run
+        assert [r["ratio"] for r in out["sweep"]] == [0.0, 0.3, 0.6, 0.8, 0.9, 0.95], run
+        assert all(r["same_as_ar"] for r in out["sweep"]), run
