@@ -40,7 +40,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--prompts", type=cli.integer(1, 10**6), help="the first N prompts (default: all of the set)")
     ap.add_argument("--prompt-set", choices=SETS, help="a split of sage_jax/prompts.py instead of the 24 dev "
                     "acceptance prompts (EVAL_PROMPTS)")
-    ap.add_argument("--batch", type=cli.integer(1, 4096), default=1, help="prompts per request (speed, not acceptance)")
+    ap.add_argument("--batch", type=cli.integer(1, 4096), default=1, help="prompts per request: faster, but the "
+                    "prior's depth histogram then reads only the first row of each (its τ trace)")
     ap.add_argument("--out", metavar="JSON", help="write the results here too (with what produced them)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--write-prior", action="store_true",

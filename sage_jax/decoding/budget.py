@@ -219,9 +219,10 @@ class AcceptanceStats:
     """How one policy's trees were accepted, summed over requests (device-independent).
 
     Attributes: n_max, d_cap: the policy's static sizes; accepted / offered: per priority rank, accepted nodes and
-    steps whose budget offered that rank; depth_hist: how many steps accepted exactly τ = d tokens; levels / steps:
-    draft levels run and steps; requests: requests added; retrieval_nodes / retrieval_accepted: the nodes
-    retrieval chains added and the tokens accepted on them (over the same row-steps as `offered[1]`).
+    steps whose budget offered that rank; depth_hist: how many steps accepted exactly τ = d tokens (each request's
+    first row while it decoded: `Stats.tau_trace`); levels / steps: draft levels run and steps; requests: requests
+    added; retrieval_nodes / retrieval_accepted: the nodes retrieval chains added and the tokens accepted on them
+    (over the same row-steps as `offered[1]`).
     """
 
     n_max: int
