@@ -66,6 +66,7 @@ def test_augment_varies_about_the_fraction_asked_and_keeps_the_range():
     np.testing.assert_array_equal(gradients.augment(images, 0.0, np.random.default_rng(1)), images)
 
 
+@pytest.mark.integration  # resumption: a training run twice over
 @needs_fashion
 def test_training_resumes_to_the_same_weights_and_refuses_another_config(tmp_path, shipped):
     rc = RefinerConfig(hidden=8, steps=6, batch_size=16, checkpoint_every=3,

@@ -36,10 +36,10 @@ IMAGES = [[_image(56, 84, 0)], [_image(56, 56, 1), _image(84, 56, 2)]]
 VIDEOS = [[], [_video(3)]]
 
 
-# The default suite decodes one family (LLaVA-OneVision, the cheaper: SAGE equals AR across image counts and sizes,
-# one compile); the rest of the matrix runs under -m integration. Both families' parity with transformers is checked
-# in the default suite (tests/sage_jax/models/).
-QWEN_IN_INTEGRATION = [pytest.param(ARCHS[0], marks=pytest.mark.integration), *ARCHS[1:]]
+# Under -m integration: the default suite decodes the shipped VLM (a LLaVA-OneVision) with its draft VLM on an image
+# and a clip (tests/sage_jax/training/test_vlm_draft.py), and checks both families' parity with transformers
+# (tests/sage_jax/models/).
+ARCHS_IN_INTEGRATION = [pytest.param(a, marks=pytest.mark.integration) for a in ARCHS]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -109,7 +109,7 @@ def engine_visual(target):
     return out
 
 
-@pytest.mark.parametrize("pair", QWEN_IN_INTEGRATION, indirect=True)
+@pytest.mark.parametrize("pair", ARCHS_IN_INTEGRATION, indirect=True)
 def test_one_compile_across_image_counts_and_sizes(pair, reference):
     """After one SAGE run, prompts with other numbers and sizes of images (and no video) whose target and draft
     lengths stay in the same buckets reuse both compiled loops, and still equal AR."""

@@ -218,6 +218,7 @@ def test_training_raises_heldout_acceptance(target, tiny_data, tmp_path):
     assert jax.tree.structure(p2) == jax.tree.structure(res.params)
 
 
+@pytest.mark.integration  # resumption: a training run twice over
 def test_resume_repeats_loss_exactly(target, tiny_data, tmp_path):
     tr, he = tiny_data
     ids = top_ids([r[:n] for r, n in zip(tr["tokens"], tr["lengths"], strict=True)], 48, 128, always=(1,))
