@@ -8,8 +8,8 @@ Greedy AR, then each policy with the draft, on the held-out prompts of `sage_jax
 by default `EVAL_PROMPTS`, dev prompts, the ones the priors come from; `--prompt-set` takes a split, e.g. test-chat):
 τ+1, its per-prompt spread, identity to AR and decode tokens/s. `--write-prior` stores each policy's acceptance
 statistics in the draft checkpoint (`acceptance.json`), the prior of `--budget auto`. `--vlm`: the shipped
-home-trained VLM and its draft (or `--draft`) on held-out Fashion-MNIST test images past the 100 that
-`bench --vlm` asks about, with the bench's questions in turn. `--retrieval L` merges an L-token prompt-lookup chain
+home-trained VLM and its draft (or `--draft`) on Fashion-MNIST dev images (train rows no stage trains on; `bench
+--vlm` asks about test ones), with the bench's questions in turn. `--retrieval L` merges an L-token prompt-lookup chain
 into every tree policy's trees (every chain, ungated: what they add to acceptance, where `TreePolicy.retrieval_gate`
 is tuned for speed); `--datastore` also one from a datastore of the target's answers (the draft checkpoint's
 datastore.npz, or DIR's; `python -m sage_jax.build_datastore`). Bad input: one line `error: ...`, exit code 2.
@@ -25,8 +25,8 @@ from configs import cli, provenance
 from sage_jax.decoding.policies import POLICIES, TreePolicy
 from sage_jax.prompts import EVAL_PROMPTS, SETS, prompt_set
 
-# `bench --vlm --prompts 100` asks about the first 100 held-out images; `--vlm` measures past them.
-BENCH_IMAGES = 100
+# `--vlm` asks about Fashion-MNIST dev images (a prior is a setting); `bench --vlm` asks about test ones.
+VLM_IMAGES = 100
 
 
 def _main(argv: list[str] | None) -> int:
@@ -46,7 +46,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
-    ap.add_argument("--vlm", action="store_true", help="the shipped VLM on held-out images (the prompts: images)")
+    ap.add_argument("--vlm", action="store_true", help="the shipped VLM on Fashion-MNIST dev images (the prompts: images)")
     ap.add_argument("--retrieval", type=cli.integer(0, 1024), default=0, metavar="L",
                     help="merge an L-token prompt-lookup chain into every tree (default 0: none; with --datastore "
                          "8, or the smallest depth cap of the policies)")
@@ -74,7 +74,7 @@ def _main(argv: list[str] | None) -> int:
     if args.vlm and args.prompt_set:
         raise cli.BadInput("--vlm asks about held-out images; give no --prompt-set with it")
     texts = prompt_set(args.prompt_set) if args.prompt_set else [t for _, t in EVAL_PROMPTS]
-    limit = BENCH_IMAGES if args.vlm else len(texts)
+    limit = VLM_IMAGES if args.vlm else len(texts)
     args.prompts = limit if args.prompts is None else args.prompts
     if not 1 <= args.prompts <= limit:
         raise cli.BadInput(f"--prompts must be in [1, {limit}]")
@@ -103,11 +103,11 @@ def _main(argv: list[str] | None) -> int:
             from sage_jax.bench.vlm import heldout_images, heldout_questions
 
             engine = load_engine(loader.default_vlm(), args.draft)
-            pics, _ = heldout_images(args.prompts, skip=BENCH_IMAGES)
+            pics, _ = heldout_images(args.prompts, split="dev")  # a prior is a setting: chosen on dev
             questions = heldout_questions()
             ids = [questions[i % len(questions)] for i in range(args.prompts)]
             images = [[p] for p in pics]
-            source = f"held-out Fashion-MNIST test images {BENCH_IMAGES} to {BENCH_IMAGES + args.prompts - 1}"
+            source = f"Fashion-MNIST dev images 0 to {args.prompts - 1} (vlm_data.heldout_indices(n, 'dev'))"
         else:
             engine = load_engine(args.target, args.draft, args.draft_layers)
             ids = [engine.encode(text) for text in texts[: args.prompts]]

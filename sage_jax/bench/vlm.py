@@ -50,15 +50,15 @@ def default_images() -> list:
     return [Image.fromarray(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket")]
 
 
-def heldout_images(n: int, skip: int = 0) -> tuple[list, np.ndarray]:
-    """Held-out Fashion-MNIST test images `skip` … `skip + n` (`vlm_data.heldout_indices`) as PIL images, and
-    labels. The bench asks about the first ones; `evaluate_draft --vlm` measures its prior past them."""
+def heldout_images(n: int, skip: int = 0, split: str = "test") -> tuple[list, np.ndarray]:
+    """Held-out Fashion-MNIST images `skip` … `skip + n` of `split` (`vlm_data.heldout_indices`) as PIL images, and
+    labels. The bench asks about the first test ones; `evaluate_draft --vlm` measures on dev ones."""
     from PIL import Image
 
     from sage_jax.training import vlm_data
 
-    test = vlm_data.fashion("test")
-    idx = vlm_data.heldout_indices(skip + n)[skip:]
+    test = vlm_data.fashion(split)
+    idx = vlm_data.heldout_indices(skip + n, split)[skip:]
     return [Image.fromarray(x) for x in test.pixels[idx]], test.labels[idx]
 
 

@@ -75,10 +75,17 @@ def _rgb(gray: np.ndarray) -> np.ndarray:
     return np.repeat(np.clip(np.rint(g * 255), 0, 255).astype(np.uint8)[..., None], 3, axis=-1)
 
 
+DEV_ROWS = 5000  # the last rows of Fashion-MNIST's train split: the dev split
+
+
 def fashion(split: str) -> Images:
-    """Fashion-MNIST `split` ("train" / "test")."""
-    ds = datasets.load_fashion_mnist(split)
-    return Images(_rgb(ds.images), "fashion", ds.labels.astype(np.int32))
+    """Fashion-MNIST `split`: "train" (the first 55,000 rows of its train split, what training reads), "dev" (the
+    last `DEV_ROWS`, which no stage trains on: settings are chosen there) or "test" (its test split: quoted only)."""
+    if split not in ("train", "dev", "test"):
+        raise ValueError(f"split: expected train, dev or test, got {split!r}")
+    ds = datasets.load_fashion_mnist("test" if split == "test" else "train")
+    rows = slice(None) if split == "test" else slice(-DEV_ROWS, None) if split == "dev" else slice(None, -DEV_ROWS)
+    return Images(_rgb(ds.images[rows]), "fashion", ds.labels[rows].astype(np.int32))
 
 
 def digits() -> Images:
@@ -179,10 +186,10 @@ def class_named(text: str) -> int | None:
     return found.pop() if len(found) == 1 else None
 
 
-def heldout_indices(n: int) -> np.ndarray:
-    """The first `n` of a fixed shuffle of Fashion-MNIST's test split: the held-out images every evaluation and
-    benchmark uses (training reads only the train split)."""
-    return np.random.default_rng(2026).permutation(10_000)[:n]
+def heldout_indices(n: int, split: str = "test") -> np.ndarray:
+    """The first `n` of a fixed shuffle of Fashion-MNIST's `split` ("test": the held-out images every quoted
+    evaluation and benchmark uses; "dev": those that training-time evaluations read)."""
+    return np.random.default_rng(2026).permutation(10_000 if split == "test" else DEV_ROWS)[:n]
 
 
 # ------------------------------------------------------------------------------------------------------ video clips
@@ -219,12 +226,14 @@ def draw_clip(images: Images, rng: np.random.Generator, n_items: int = CLIP_ITEM
     return clip(images.pixels[rows], frames_per_item), labels.astype(np.int32)
 
 
-def heldout_clips(n: int, start: int = 0, test: Images | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out clips `start` … `start + n` (from Fashion-MNIST's test split, clip i drawn with seed (2027, i)):
-    frames [n, F, 28, 28, 3] and labels [n, CLIP_ITEMS]. Evaluations, the bench and the README's example clip ask
-    about the first ones; draft training evaluates past them."""
-    test = fashion("test") if test is None else test
-    got = [draw_clip(test, np.random.default_rng([2027, i])) for i in range(start, start + n)]
+def heldout_clips(n: int, start: int = 0, test: Images | None = None, split: str = "test"
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out clips `start` … `start + n` (from Fashion-MNIST's `split`, clip i drawn with seed (2027, i), or
+    (2028, i) from "dev"): frames [n, F, 28, 28, 3] and labels [n, CLIP_ITEMS]. Quoted evaluations, the bench and the
+    README's example clip ask about the first test ones; training-time evaluations read dev clips."""
+    test = fashion(split) if test is None else test
+    seed = 2027 if split == "test" else 2028
+    got = [draw_clip(test, np.random.default_rng([seed, i])) for i in range(start, start + n)]
     return np.stack([f for f, _ in got]), np.stack([y for _, y in got])
 
 

@@ -44,9 +44,6 @@ from sage_jax.models import serving_lm
 from sage_jax.training import loop, vlm_data, vlm_head, vlm_model
 from sage_jax.training.vlm_recipe import DraftVLMRecipe
 
-#: Where the held-out rows start in `vlm_data.heldout_indices`: past the bench's and `evaluate_draft`'s images.
-HELDOUT_START = 1000
-
 
 def target(c: DraftVLMRecipe) -> tuple[str, vlm_model.Parts, dict]:
     """(path, parts, own params) of the VLM the draft learns from: one saved around the default target."""
@@ -105,19 +102,15 @@ def initial(c: DraftVLMRecipe, dcfg: lo.LlavaOnevisionConfig) -> dict:
 
 
 def heldout_images(n: int) -> np.ndarray:
-    """`n` held-out Fashion-MNIST test images past the bench's (`HELDOUT_START`)."""
-    test = vlm_data.fashion("test")
-    return test.pixels[vlm_data.heldout_indices(HELDOUT_START + n)[HELDOUT_START:]]
+    """`n` held-out Fashion-MNIST dev images (no stage trains on them)."""
+    return vlm_data.fashion("dev").pixels[vlm_data.heldout_indices(n, "dev")]
 
 
 def clip_rollout(c: DraftVLMRecipe, parts: vlm_model.Parts, own: dict, n: int, progress: bool = False
                  ) -> dict[str, np.ndarray]:
     """`n` training clips (`vlm_data.draw_clip`, the train split) with video questions, answered by the target."""
-    rng = np.random.default_rng([c.seed, 9])
-    got = [vlm_data.draw_clip(parts.data["fashion"], rng) for _ in range(n)]
-    questions = [str(rng.choice(vlm_data.VIDEO_QUESTIONS)) for _ in range(n)]
-    return vlm_head.answer_rows(parts, own, np.stack([f for f, _ in got]), questions, c.max_new_tokens,
-                                progress=progress)
+    return vlm_head.clip_rollout(parts, own, n, np.random.default_rng([c.seed, 9]), c.max_new_tokens,
+                                 progress=progress)
 
 
 def _rows(path: str, make: Callable[[], dict]) -> dict[str, np.ndarray]:
@@ -240,7 +233,7 @@ def run(c: DraftVLMRecipe, workdir: str, *, progress: bool = True, log: Callable
         clips = _rows(os.path.join(workdir, "clips.npz"),
                       lambda: clip_rollout(c, parts, own, c.clip_rows, progress=progress))
         held_clips = _rows(os.path.join(workdir, "heldout_clips.npz"), lambda: vlm_head.answer_rows(
-            parts, own, vlm_data.heldout_clips(c.heldout_clips, start=HELDOUT_START)[0],
+            parts, own, vlm_data.heldout_clips(c.heldout_clips, split="dev")[0],
             [vlm_data.VIDEO_QUESTION] * c.heldout_clips, c.max_new_tokens, progress=progress))
         sets.update(clips=(clips, answer_targets(clips, width)),
                     held_clips=(held_clips, answer_targets(held_clips, width)))

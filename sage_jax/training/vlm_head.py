@@ -2,10 +2,10 @@
 
 The text head was trained on SmolLM2's features of text; in an image prompt it reads visual features it never saw,
 and the VLM's answers ("The image shows an ankle boot.") are phrases it never drafted. So the VLM answers
-`draft_rows` training images (its greedy answers: the tokens speculative decoding must reproduce), one target
-forward gives every row's last hidden states, and the head is trained teacher-forced on them, as at decoding time:
-pairs (f_{t-1}, x_t) with the visual features as the inputs x_t of the visual slots, hard cross-entropy on the
-next token of the answer over the head's reduced vocabulary.
+`draft_rows` training images and `draft_clips` training clips (its greedy answers: the tokens speculative decoding
+must reproduce), one target forward gives every row's last hidden states, and the head is trained teacher-forced on
+them, as at decoding time: pairs (f_{t-1}, x_t) with the visual features as the inputs x_t of the visual slots, hard
+cross-entropy on the next token of the answer over the head's reduced vocabulary.
 
     WORKDIR/draft/ckpt/, WORKDIR/draft/losses.json     the head's training (resumable, `loop.stage`)
     WORKDIR/draft_head/                                the fine-tuned head (kind "eagle_head")
@@ -35,6 +35,15 @@ def rollout(c: VLMRecipe, parts: vlm_model.Parts, params: dict, n: int, max_new:
     questions = [vlm_data.question_answer(s, int(parts.data[s].labels[r]), rng)[0] for s, r in picks]
     images = np.stack([parts.data[s].pixels[r] for s, r in picks])
     return answer_rows(parts, params, images, questions, max_new, batch, progress=progress)
+
+
+def clip_rollout(parts: vlm_model.Parts, params: dict, n: int, rng: np.random.Generator, max_new: int = 24,
+                 batch: int = 16, progress: bool = False) -> dict[str, np.ndarray]:
+    """`n` clips of training Fashion-MNIST items (`vlm_data.draw_clip`) with the video questions, drawn by `rng`,
+    answered greedily by the VLM `params` (`answer_rows`)."""
+    got = [vlm_data.draw_clip(parts.data["fashion"], rng) for _ in range(n)]
+    questions = [str(rng.choice(vlm_data.VIDEO_QUESTIONS)) for _ in range(n)]
+    return answer_rows(parts, params, np.stack([f for f, _ in got]), questions, max_new, batch, progress=progress)
 
 
 def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questions: list[str], max_new: int = 24,
@@ -81,31 +90,52 @@ def answer_rows(parts: vlm_model.Parts, params: dict, images: np.ndarray, questi
 
 def features(parts: vlm_model.Parts, params: dict, rows: dict[str, np.ndarray], batch: int = 16
              ) -> dict[str, np.ndarray]:
-    """`rows` with the target's inputs (visual features spliced in) and last hidden states of every slot."""
+    """`rows` (of images, or of clips) with the target's inputs (visual features spliced in) and last hidden states
+    of every slot."""
     cfg, lm = parts.cfg, parts.lm_serving
 
     @jax.jit
-    def forward(params, lm, tokens, valid, tiles):
-        b, t = tokens.shape
-        slots = jnp.nonzero(tokens.reshape(-1) == cfg.image_token_id, size=b * vlm_model.n_visual(cfg))[0]
-        x = lo.embed_inputs(cfg, vlm_model.plan(cfg, b), {**params, "lm": {"embed": lm.embed}}, tokens, tiles, None,
-                      slots.astype(jnp.int32), None)
+    def forward(params, lm, tokens, valid, tiles, frames):
+        t = tokens.shape[1]
+        plan, tiles, frames, image_slots, video_slots = vlm_model.visual_inputs(cfg, tokens, tiles, frames)
+        x = lo.embed_inputs(cfg, plan, {**params, "lm": {"embed": lm.embed}}, tokens, tiles, frames, image_slots,
+                            video_slots)
         positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0).astype(jnp.int32)
         mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]) | jnp.eye(t, dtype=bool)[None]
         hidden, _ = lm.forward(None, positions, mask, embeddings=x)
         return x, hidden
 
+    video = "clips" in rows
+    media = rows["clips" if video else "images"]
     n = len(rows["tokens"])
     embs, hiddens = [], []
     for i in range(0, n, batch):
         take = np.arange(i, i + batch) % n  # a full last batch (one compile); the extra rows are dropped
-        tiles = vlm_model.pixels(rows["images"][take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
-        x, h = forward(params, lm, rows["tokens"][take], rows["valid"][take], tiles)
+        if video:
+            m = media[take]
+            frames = vlm_model.pixels(m.reshape(-1, *m.shape[2:]))[:, 0].reshape(len(take), m.shape[1], 3,
+                                                                                  vlm_model.TILE, vlm_model.TILE)
+            tiles = np.zeros((0, 3, vlm_model.TILE, vlm_model.TILE), np.float32)
+        else:
+            frames, tiles = None, vlm_model.pixels(media[take]).reshape(-1, 3, vlm_model.TILE, vlm_model.TILE)
+        x, h = forward(params, lm, rows["tokens"][take], rows["valid"][take], tiles, frames)
         keep = min(batch, n - i)
         embs.append(np.asarray(x)[:keep])
         hiddens.append(np.asarray(h)[:keep])
-    return {**{k: v for k, v in rows.items() if k != "images"}, "embeddings": np.concatenate(embs),
+    return {**{k: v for k, v in rows.items() if k not in ("images", "clips")}, "embeddings": np.concatenate(embs),
             "hidden": np.concatenate(hiddens)}
+
+
+def left_padded(parts: vlm_model.Parts, sets: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`features` of image rows and clip rows in one set: each left-padded to the widest (padding is invalid, so
+    positions and masks, read from "valid", do not see it)."""
+    width = max(d["tokens"].shape[1] for d in sets)
+    fill = {"tokens": parts.cfg.text.pad_token_id, "valid": False, "answer": False, "embeddings": 0.0, "hidden": 0.0}
+    out = {}
+    for k, v in fill.items():
+        out[k] = np.concatenate([np.pad(d[k], [(0, 0), (width - d[k].shape[1], 0)] + [(0, 0)] * (d[k].ndim - 2),
+                                        constant_values=v) for d in sets])
+    return out
 
 
 def head_loss(head_cfg, head: dict, fixed: dict, batch: dict):
@@ -150,8 +180,14 @@ def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: st
     if os.path.isfile(data_file):
         data = dict(np.load(data_file))
     else:
-        log(f"draft: the VLM answers {c.draft_rows} training images (greedy), then one target forward over them")
+        clips = f" and {c.draft_clips} training clips" if c.draft_clips else ""
+        log(f"draft: the VLM answers {c.draft_rows} training images{clips} (greedy), then one target forward over them")
         data = features(parts, params, rollout(c, parts, params, c.draft_rows))
+        if c.draft_clips:
+            if parts.cfg.video_token_id is None:
+                raise ValueError("draft_clips: this VLM takes images only (no video token)")
+            clip_rows = clip_rollout(parts, params, c.draft_clips, np.random.default_rng([c.seed, 6]))
+            data = left_padded(parts, [data, features(parts, params, clip_rows)])
         os.makedirs(os.path.dirname(data_file), exist_ok=True)
         np.savez(data_file + ".tmp.npz", **data)
         os.replace(data_file + ".tmp.npz", data_file)

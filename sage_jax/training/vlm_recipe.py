@@ -57,6 +57,7 @@ class VLMRecipe(Schema):
     init: str | None = None
     draft: StageConfig | None = None
     draft_rows: Annotated[int, POSITIVE] = 512  # training images the VLM answers for the draft stage
+    draft_clips: Annotated[int, COUNT] = 0  # and training clips (a VLM that takes video)
     # align stage: the tower's learning rate relative to the projector's
     tower_lr_scale: Annotated[float, Range(0.0)] = 0.1
     # tower stage: weight of the per-token probe loss (every visual token classifies the image on its own, as the

@@ -161,10 +161,10 @@ def align_loss(cfg: lo.LlavaOnevisionConfig, params: dict, lm: serving_lm.LM, ba
 
 
 def probe_accuracy(cfg: lo.LlavaOnevisionConfig, tower: dict, n: int = 2000) -> dict:
-    """The tower stage's probe on `n` held-out Fashion-MNIST test images: the mean-pooled prediction's accuracy and
-    the mean accuracy of every visual token's own prediction."""
-    test = vlm_data.fashion("test")
-    idx = vlm_data.heldout_indices(n)
+    """The tower stage's probe on `n` Fashion-MNIST dev images: the mean-pooled prediction's accuracy and the mean
+    accuracy of every visual token's own prediction."""
+    test = vlm_data.fashion("dev")
+    idx = vlm_data.heldout_indices(n, "dev")
     f = jax.jit(lambda v, x: hidden_states(cfg.vision, v, x, (-1,))[0])
     w, b = np.asarray(tower["probe"]["w"]), np.asarray(tower["probe"]["b"])
     pooled, token = [], []
@@ -244,10 +244,10 @@ def answer(parts: vlm_model.Parts, params: dict, images: np.ndarray, question: s
     return out
 
 
-def heldout_video_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
-    """Greedy answers to `n` held-out clips (`vlm_data.heldout_clips`): "accuracy", the share that name exactly the
-    clip's items; "items", the share of the clips' items named."""
-    clips, labels = vlm_data.heldout_clips(n)
+def heldout_video_accuracy(parts: vlm_model.Parts, params: dict, n: int, split: str = "test") -> dict:
+    """Greedy answers to `n` held-out clips of `split` (`vlm_data.heldout_clips`): "accuracy", the share that name
+    exactly the clip's items; "items", the share of the clips' items named."""
+    clips, labels = vlm_data.heldout_clips(n, split=split)
     texts = answer(parts, params, clips, max_new_tokens=20, batch_size=8)
     named = [vlm_data.classes_named(t) for t in texts]
     right = [k == {int(x) for x in y} for k, y in zip(named, labels, strict=True)]
@@ -261,9 +261,10 @@ def _until_eos(row, eos) -> list[int]:
     return row[: ends[0]] if ends else row
 
 
-def heldout_accuracy(parts: vlm_model.Parts, params: dict, n: int) -> dict:
-    test = vlm_data.fashion("test")
-    idx = vlm_data.heldout_indices(n)
+def heldout_accuracy(parts: vlm_model.Parts, params: dict, n: int, split: str = "test") -> dict:
+    """Greedy answers to `n` held-out Fashion-MNIST images of `split`: the share that name the right class."""
+    test = vlm_data.fashion(split)
+    idx = vlm_data.heldout_indices(n, split)
     texts = answer(parts, params, test.pixels[idx])
     named = [vlm_data.class_named(t) for t in texts]
     right = [int(k == int(y)) if k is not None else 0 for k, y in zip(named, test.labels[idx], strict=True)]
@@ -294,8 +295,8 @@ def run(c: VLMRecipe, workdir: str, *, progress: bool = True, log: Callable[[str
         opt = loop.optimizer(c.video, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
 
         def evaluate(p, s):
-            return {**heldout_video_accuracy(parts, p, c.eval_images),
-                    "image": heldout_accuracy(parts, p, c.eval_images)["accuracy"]}
+            return {**heldout_video_accuracy(parts, p, c.eval_images, "dev"),
+                    "image": heldout_accuracy(parts, p, c.eval_images, "dev")["accuracy"]}
 
         params = loop.stage(
             "video", c.video, params, lambda p, lm, b: align_loss(cfg, p, lm, b),
@@ -351,14 +352,14 @@ def _image_stages(c: VLMRecipe, parts: vlm_model.Parts, fresh: dict, prompts: vl
     if c.warm_start:
         params = warm_projector(c, parts, params)
         warm = _cached(os.path.join(workdir, "align", "warm_start.json"),
-                       lambda: heldout_accuracy(parts, params, c.eval_images))
+                       lambda: heldout_accuracy(parts, params, c.eval_images, "dev"))
         log(f"warm start alone (no align step): held-out {warm}")
     labels = {k: jax.tree.map(lambda _, k=k: "tower" if k == "vision" else "proj", v) for k, v in params.items()}
     opt = loop.optimizer(c.align, labels, {"tower": c.tower_lr_scale, "proj": 1.0})
     params = loop.stage(
         "align", c.align, params, lambda p, lm, b: align_loss(cfg, p, lm, b),
         lambda s: align_batch(c, parts.data, prompts, s, c.align.batch_size), workdir, opt=opt,
-        frozen=parts.lm_serving, evaluate=lambda p, s: heldout_accuracy(parts, p, c.eval_images),
+        frozen=parts.lm_serving, evaluate=lambda p, s: heldout_accuracy(parts, p, c.eval_images, "dev"),
         progress=progress, log=log).params
     return params, probe_acc
 

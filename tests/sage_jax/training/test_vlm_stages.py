@@ -120,6 +120,31 @@ def test_heldout_images_are_the_test_split_only():
     idx = vlm_data.heldout_indices(100)
     assert len(set(idx.tolist())) == 100 and idx.max() < 10_000
     np.testing.assert_array_equal(idx[:10], vlm_data.heldout_indices(10))  # a prefix: 8 bench images ⊂ 100
+    assert vlm_data.heldout_indices(5000, "dev").max() < vlm_data.DEV_ROWS
+
+
+def test_the_dev_split_is_train_rows_that_no_stage_reads():
+    """Fashion-MNIST's train split is cut in two: "train" (what every stage and both drafts draw from) and "dev"
+    (its last rows, where training-time evaluations look and settings are chosen); dev clips show dev images."""
+    from configs import datasets
+
+    full = datasets.load_fashion_mnist("train")
+    train, dev = vlm_data.fashion("train"), vlm_data.fashion("dev")
+    assert len(train) + len(dev) == len(full.labels) and len(dev) == vlm_data.DEV_ROWS
+    np.testing.assert_array_equal(np.concatenate([train.labels, dev.labels]), full.labels)
+    assert not np.array_equal(train.pixels[-1], dev.pixels[0])
+    import inspect
+
+    from sage_jax.training import vlm_draft
+
+    for fn in (vlm_model.load_parts, vlm_draft.target):  # what the stages and the draft VLM train on
+        assert 'fashion("train")' in inspect.getsource(fn) and '"dev"' not in inspect.getsource(fn)
+    frames, labels = vlm_data.heldout_clips(2, split="dev")
+    middle = frames[:, vlm_data.FRAMES_PER_ITEM // 2:: vlm_data.FRAMES_PER_ITEM]  # each item unshifted
+    seen = {x.tobytes(): k for x, k in zip(dev.pixels, dev.labels, strict=True)}
+    assert [[seen[x.tobytes()] for x in clip] for clip in middle] == labels.tolist()
+    with pytest.raises(ValueError, match="split"):
+        vlm_data.fashion("validation")
 
 
 # --------------------------------------------------------------------- stages on a tiny language model
