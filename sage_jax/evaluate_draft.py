@@ -46,7 +46,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--force", action="store_true", help="overwrite an existing --out")
     ap.add_argument("--write-prior", action="store_true",
                     help="store the acceptance statistics in the draft checkpoint (the prior of --budget auto)")
-    ap.add_argument("--vlm", action="store_true", help="the shipped VLM on Fashion-MNIST dev images (the prompts: images)")
+    ap.add_argument("--vlm", action="store_true",
+                    help="the shipped VLM on Fashion-MNIST dev images (the prompts: images)")
     ap.add_argument("--retrieval", type=cli.integer(0, 1024), default=0, metavar="L",
                     help="merge an L-token prompt-lookup chain into every tree (default 0: none; with --datastore "
                          "8, or the smallest depth cap of the policies)")

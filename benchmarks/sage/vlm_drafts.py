@@ -35,7 +35,7 @@ from configs import provenance  # noqa: E402
 
 def acceptance_of(engine, policy: str = "sage"):
     """The draft's acceptance record for `policy`'s full trees (its `acceptance.json`, written by `evaluate_draft
-    --vlm --write-prior` on held-out images past this script's)."""
+    --vlm --write-prior`; the shipped ones on held-out test images past this script's, a rewrite on dev images)."""
     from sage_jax.decoding.budget import AcceptanceStats
 
     prior = engine.acceptance_prior.get(policy)

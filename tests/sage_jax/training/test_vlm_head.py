@@ -10,8 +10,8 @@ import numpy as np
 from sage_jax.models import eagle_head
 from sage_jax.training import vlm_data, vlm_head, vlm_model, vlm_stages
 
-from .test_vlm_stages import _tiny_parts
 from .test_vlm_draft import tok  # noqa: F401  (the fixture)
+from .test_vlm_stages import _tiny_parts
 
 
 def test_clip_rows_join_image_rows_left_padded_and_the_padding_is_invisible(tok):  # noqa: F811
