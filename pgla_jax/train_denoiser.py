@@ -144,7 +144,7 @@ def _main(argv) -> int:
                 prior.build(cfg, data_dir, prior_dir, progress=bar.update)
         refiner_dir = os.path.join(args.workdir, "refiner")
         if cfg.prior_rank and cfg.refiner.steps and not args.prior_only and not os.path.isdir(refiner_dir):
-            _train_refiner(cfg, args.workdir, prior_dir, quiet, sys.argv[1:] if argv is None else argv)
+            _train_refiner(cfg, args.workdir, prior_dir, quiet, sys.argv[1:] if argv is None else argv, mesh)
     if not quiet:
         out = out or os.path.abspath(refiner_dir if args.refiner_only else prior_dir)
         what = "prior" if args.prior_only else "refiner" if args.refiner_only else "denoiser"
@@ -152,9 +152,9 @@ def _main(argv) -> int:
     return 0
 
 
-def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: bool, argv: list[str]) -> str:
+def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: bool, argv: list[str], mesh) -> str:
     """The prior's learned correction (`pgla_jax/denoise/refiner.py`), on one device: its gradients, then its
-    steps (resumable)."""
+    steps (resumable; checkpoints replicated over `mesh` in a job of several processes)."""
     from tqdm import tqdm
 
     from configs import provenance
@@ -169,7 +169,7 @@ def _train_refiner(cfg: DenoiserConfig, workdir: str, prior_dir: str, quiet: boo
         def progress(loss):
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4g}")
-        return refiner.train(cfg, dens.prior, dens.prior_gains, data_dir, workdir, progress=progress,
+        return refiner.train(cfg, dens.prior, dens.prior_gains, data_dir, workdir, progress=progress, mesh=mesh,
                              provenance={"prior": os.path.abspath(prior_dir),
                                          "prior_sha256": provenance.checkpoint_sha256(prior_dir),
                                          "command": "python -m pgla_jax.train_denoiser " + " ".join(argv)})

@@ -233,7 +233,11 @@ def run(args: argparse.Namespace) -> dict:
         # penalised (plain AR against itself read 0.83x).
         _note("generating with policy ar for --compare, then both again to time them warm")
         base = engine.generate([prompt], policy="ar", **kw)
-        again = engine.generate([prompt], policy=policy, budget=args.budget, **kw)
+        # The second run keeps the first one's choice (`--budget auto`, having measured the first, may choose another
+        # tree, or plain decoding, whose program would compile now): the same program, which compiles nothing.
+        budget = gen.stats.budget if args.budget == "auto" and gen.stats.budget is not None else args.budget
+        again = (engine.generate([prompt], policy="ar", **kw) if budget == (0, 0)
+                 else engine.generate([prompt], policy=policy, budget=budget, **kw))
         base_again = engine.generate([prompt], policy="ar", **kw)
         b_tps, tps = base_again.stats.tokens_per_second, again.stats.tokens_per_second
         out["compare"] = {"policy": "ar", "token_ids": base.token_ids[0], "tokens_per_second": b_tps,

@@ -24,6 +24,7 @@ steps with the config; WORKDIR/refiner is the result (the project's checkpoint f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jaxtyping import Array, Float
 
-from configs import checkpoint
+from configs import checkpoint, sharding
 from pgla_jax import protections
 from pgla_jax.config import DenoiserConfig, ProtectionConfig, RefinerConfig
 from pgla_jax.denoise import ddpm, gradients, loop
@@ -115,11 +116,14 @@ def levels(cfg: RefinerConfig, gains: Callable[[float], np.ndarray], second: np.
 
 
 def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.ndarray], data_dir: str, workdir: str,
-          *, progress: Callable | None = None, provenance: dict | None = None) -> str:
+          *, progress: Callable | None = None, provenance: dict | None = None,
+          mesh: jax.sharding.Mesh | None = None) -> str:
     """Trains the refiner of `gp` on the clean gradients in `data_dir` (`gradients.build` of
     `cfg.refiner.gradients`), resuming from WORKDIR/refiner_state; saves WORKDIR/refiner and returns its path.
     `progress(loss)` after every step; `provenance` joins the checkpoint's. ValueError (one line) for a state
-    written with another config."""
+    written with another config. It trains on one device of each process; in a job of several processes (each
+    training the same refiner) every checkpoint is saved from one copy replicated over `mesh`, as the checkpointer
+    takes only arrays that span the job."""
     rc = cfg.refiner
     src, size = gradients.source(data_dir)
     if size != gp.size:
@@ -171,9 +175,12 @@ def train(cfg: DenoiserConfig, gp: GaussianPrior, gains: Callable[[float], np.nd
             params, opt_state, loss = step_fn(params, opt_state, idx, jax.random.fold_in(key, step))
             progress and progress(float(loss))
             if (step + 1) % rc.checkpoint_every == 0 or step + 1 == rc.steps:
+                state = {"params": params, "opt_state": opt_state}
+                if jax.process_count() > 1:
+                    repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+                    state = jax.tree.map(functools.partial(sharding.place, where=repl), state)
                 mngr.save(step + 1, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                    config=ocp.args.JsonSave(want)))
+                    state=ocp.args.StandardSave(state), config=ocp.args.JsonSave(want)))
                 checkpoint.seal_step(mngr, step + 1)
         mngr.wait_until_finished()
     out = os.path.join(os.path.abspath(workdir), "refiner")

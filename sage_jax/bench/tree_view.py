@@ -48,7 +48,8 @@ class StepTree:
 
     @property
     def tau(self) -> int:
-        """Accepted draft tokens (bonus excluded)."""
+        """Draft tokens the target accepted (bonus excluded); at the last step more than `Stats.tau_trace`, which
+        counts what was committed, when the token limit or EOS cuts the path."""
         return len(self.path) - 1
 
     @property

@@ -35,7 +35,10 @@ def test_steps_are_the_loops_and_the_accepted_tokens_are_the_targets_greedy_ones
     gen = engine.generate([PROMPT], policy=POLICY, max_new_tokens=NEW)
     st = gen.stats
     assert len(trees) == st.steps
-    assert [t.tau for t in trees] == st.tau_trace
+    # A tree's τ is what the target accepted; Stats counts what was committed, less at the last step when the token
+    # limit (or EOS) cuts the path.
+    assert [t.tau for t in trees][:-1] == st.tau_trace[:-1] and trees[-1].tau >= st.tau_trace[-1]
+    assert sum(st.tau_trace) + st.steps + 1 == len(gen.token_ids[0])  # committed: path + bonus a step, + prefill's
     assert [t.n_nodes for t in trees] == st.nodes_trace
     assert [t.max_depth for t in trees] == st.depth_trace
     np.testing.assert_allclose([t.alpha for t in trees], st.alpha_trace, rtol=1e-5, atol=1e-6)

@@ -77,7 +77,8 @@ def test_every_policy_samples_the_target_distribution(pair, temperature):
     for name, policy in {**POLICIES, **(RETRIEVAL if temperature == 1.0 else {})}.items():
         out = engine.generate(prompts, policy=policy, max_new_tokens=N_NEW, temperature=temperature, seed=11)
         assert all(len(t) == N_NEW for t in out.token_ids)
-        assert out.stats.mean_accepted > 0.05, (name, out.stats.mean_accepted)  # the tree is really used
+        # The tree is really used: committed draft tokens a row-step (a row's last step is cut at the 3-token limit).
+        assert out.stats.mean_accepted > 0.03, (name, out.stats.mean_accepted)
         p = _chi2_pvalue(out.token_ids, seqs, probs)
         assert p > 1e-3, (name, temperature, p)
 
