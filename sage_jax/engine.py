@@ -80,7 +80,7 @@ class Stats:
     alpha_trace: list[float]
     depth_trace: list[int] = dataclasses.field(default_factory=list)
     nodes_trace: list[int] = dataclasses.field(default_factory=list)
-    tau_trace: list[int] = dataclasses.field(default_factory=list)  # row 0's accepted tokens a step, while it decodes
+    tau_trace: list[int] = dataclasses.field(default_factory=list)  # row 0's committed draft tokens per step
     width_trace: list[int] = dataclasses.field(default_factory=list)
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards

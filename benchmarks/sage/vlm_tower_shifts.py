@@ -23,19 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from configs import provenance  # noqa: E402
 
-SHIFTS = tuple(range(-4, 4))  # `vlm_data.clip` with FRAMES_PER_ITEM = 8
 
+def clip_shifts() -> tuple[int, ...]:
+    """The shifts of an item's frames in a clip (`vlm_data.clip`): -4 … +3 with 8 frames an item."""
+    from sage_jax.training import vlm_data
 
-def shifted(images, dx: int):
-    """Images [N, 28, 28, 3] moved right by dx pixels, what leaves the frame lost (as `vlm_data.clip` does)."""
-    import numpy as np
-
-    out = np.roll(images, dx, axis=2)
-    if dx > 0:
-        out[:, :, :dx] = 0
-    elif dx < 0:
-        out[:, :, dx:] = 0
-    return out
+    half = vlm_data.FRAMES_PER_ITEM // 2
+    return tuple(range(-half, vlm_data.FRAMES_PER_ITEM - half))
 
 
 def tower_of(args):
@@ -97,14 +91,15 @@ def main(argv=None) -> int:
     probe = LogisticRegression(max_iter=2000).fit(features(train.pixels[rows]), train.labels[rows])
     idx = vlm_data.heldout_indices(args.images, "dev")
     images, labels = dev.pixels[idx], dev.labels[idx]
-    probs = {dx: probe.predict_proba(features(shifted(images, dx))) for dx in SHIFTS}
+    shifts = clip_shifts()
+    probs = {dx: probe.predict_proba(features(vlm_data.shifted(images, dx))) for dx in shifts}
     acc = {str(dx): float(np.mean(p.argmax(1) == labels)) for dx, p in probs.items()}
     mean = float(np.mean(np.mean(list(probs.values()), axis=0).argmax(1) == labels))
     out = {"per_shift": acc, "all_frames": mean, "images": args.images,
            "source": args.workdir or args.vlm, "provenance": record}
-    print("| shift (px) | " + " | ".join(str(dx) for dx in SHIFTS) + " | the 8 averaged |")
-    print("|---" * (len(SHIFTS) + 2) + "|")
-    print("| dev accuracy | " + " | ".join(f"{acc[str(dx)]:.1%}" for dx in SHIFTS) + f" | {mean:.1%} |")
+    print("| shift (px) | " + " | ".join(str(dx) for dx in shifts) + f" | the {len(shifts)} averaged |")
+    print("|---" * (len(shifts) + 2) + "|")
+    print("| dev accuracy | " + " | ".join(f"{acc[str(dx)]:.1%}" for dx in shifts) + f" | {mean:.1%} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -195,20 +195,23 @@ def heldout_indices(n: int, split: str = "test") -> np.ndarray:
 # ------------------------------------------------------------------------------------------------------ video clips
 
 
+def shifted(images: np.ndarray, dx: int) -> np.ndarray:
+    """Images [..., H, W, C] moved right by dx pixels (left when negative): what leaves the frame is lost, black
+    comes in."""
+    out = np.roll(images, dx, axis=-2)
+    if dx > 0:
+        out[..., :dx, :] = 0
+    elif dx < 0:
+        out[..., dx:, :] = 0
+    return out
+
+
 def clip(items: np.ndarray, frames_per_item: int = FRAMES_PER_ITEM) -> np.ndarray:
     """Items [K, 28, 28, 3] uint8 -> a clip [K * frames_per_item, 28, 28, 3]: each item in turn, sliding from left
-    to right one pixel a frame (every frame differs from the one before, as in a real video)."""
-    out = []
+    to right one pixel a frame (`shifted` by f - frames_per_item // 2 at frame f: every frame differs from the one
+    before, as in a real video)."""
     half = frames_per_item // 2
-    for item in items:
-        for f in range(frames_per_item):
-            dx = f - half  # the item moves right by dx pixels; what leaves the frame is lost, black comes in
-            out.append(np.roll(item, dx, axis=1))
-            if dx > 0:
-                out[-1][:, :dx] = 0
-            elif dx < 0:
-                out[-1][:, dx:] = 0
-    return np.stack(out)
+    return np.stack([shifted(item, f - half) for item in items for f in range(frames_per_item)])
 
 
 def clip_answer(labels) -> str:
