@@ -14,7 +14,8 @@ run.
     python -m sage_jax.bench --vlm --target VLM [--draft VLM] [--image PATH ...] [--video PATH ...] [--ratios R,...]
 
 measures a vision-language pair instead: AR vs every tree policy, and the draft visual-token pruning sweep
-(`sage_jax/bench/vlm.py`).
+(`sage_jax/bench/vlm.py`). Without --target it asks the shipped VLM about held-out Fashion-MNIST test images (or
+clips, `--clips`); a dev `--prompt-set` reads dev ones instead, where a draft is chosen.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "or .npy; repeatable)")
     ap.add_argument("--clips", action="store_true", help="--vlm on the shipped VLM: ask which items appear in "
                     "held-out clips of Fashion-MNIST items (sage_jax.training.vlm_data.heldout_clips) instead of "
-                    "about held-out images")
+                    "about held-out images; both from the test split, or dev with a dev --prompt-set")
     ap.add_argument("--ratios", default="", help="--vlm: the pruning ratios to sweep (default: the paper's "
                     "0,0.3,0.6,0.8,0.9,0.95)")
     ap.add_argument("--prune", choices=("attention", "uniform"), default="attention",

@@ -62,6 +62,12 @@ def heldout_images(n: int, skip: int = 0, split: str = "test") -> tuple[list, np
     return [Image.fromarray(x) for x in test.pixels[idx]], test.labels[idx]
 
 
+def heldout_split(prompt_set: str) -> str:
+    """The Fashion-MNIST split the shipped VLM's bench reads for `--prompt-set`: dev for the dev sets (where a draft
+    or a setting is chosen), test otherwise (frozen, quoted)."""
+    return "dev" if prompt_set.startswith("dev") else "test"
+
+
 def heldout_questions() -> tuple[str, ...]:
     """The questions asked about held-out images, in turn: the default one, two more "what is" and a description."""
     from sage_jax.training import vlm_data
@@ -98,17 +104,18 @@ def build(args, scratch: str):
         with cli.reported(OSError, ValueError):
             engine = load_engine(loader.default_vlm(), args.draft, prune=args.prune, prune_ratio=ratios,
                                  attention=args.attention)
+        split = heldout_split(args.prompt_set)
         if args.clips:
             from sage_jax.training import vlm_data
 
-            clips, labels = vlm_data.heldout_clips(args.prompts or 8)
+            clips, labels = vlm_data.heldout_clips(args.prompts or 8, split=split)
             prompts = [(vlm_data.VIDEO_QUESTION, [], [v]) for v in clips]
-            what = "held-out clips of 3 Fashion-MNIST test items"
+            what = f"held-out clips of 3 Fashion-MNIST {split} items"
         else:
-            images, labels = heldout_images(args.prompts or 8)
+            images, labels = heldout_images(args.prompts or 8, split=split)
             questions = heldout_questions()
             prompts = [(questions[i % len(questions)], [im], []) for i, im in enumerate(images)]
-            what = "held-out Fashion-MNIST test images"
+            what = f"held-out Fashion-MNIST {split} images"
         title = (f"shipped home-trained VLM (SmolLM2-135M-Instruct + its own tower), draft {engine.description}, "
                  f"greedy, {args.max_new_tokens} new tokens, {len(prompts)} {what}, pruning by {args.prune}")
         return engine, prompts, title, labels

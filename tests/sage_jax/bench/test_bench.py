@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from configs.datasets import FASHION_MNIST_DIR
 from sage_jax.bench import __main__ as bench
 from sage_jax.prompts import BENCH_PROMPTS, bench_prompts
 
@@ -147,3 +148,22 @@ def test_quick_keeps_the_sweep_it_was_given():
     args = parse(["--quick", "--sweep", "7", "--no-hf"])
     names = [m.name for m in suite.select_methods(args, suite.parse_budget(args.budget), datastore=False)]
     assert "sage-fixed-7" in names and "sage" in names, names
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason="dataset-fashion-mnist missing")
+def test_the_vlm_bench_reads_dev_images_for_a_dev_prompt_set():
+    """Drafts and settings are chosen on `bench --vlm --prompt-set dev…`: its images and clips are then dev ones,
+    which no quoted figure reads; every other set reads the frozen test ones."""
+    import numpy as np
+
+    from sage_jax.bench import vlm as bench_vlm
+    from sage_jax.training import vlm_data
+
+    assert [bench_vlm.heldout_split(s) for s in ("dev", "dev-chat", "test", "test-chat")] == ["dev"] * 2 + ["test"] * 2
+    dev, dev_labels = bench_vlm.heldout_images(3, split="dev")
+    d = vlm_data.fashion("dev")
+    idx = vlm_data.heldout_indices(3, "dev")
+    np.testing.assert_array_equal(np.stack([np.asarray(im) for im in dev]), d.pixels[idx])
+    np.testing.assert_array_equal(dev_labels, d.labels[idx])
+    test, _ = bench_vlm.heldout_images(3)
+    assert not np.array_equal(np.asarray(test[0]), np.asarray(dev[0]))
