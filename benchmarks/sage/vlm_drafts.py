@@ -13,7 +13,7 @@ machine affects them alike; each round's ratio to its own AR is reported and the
 
 The projection (`sage_jax.decoding.cost_model`, bf16 weights and caches on one `--chip`): for each draft, the
 budget `--budget auto` would take there from the draft's acceptance (images: its record, `acceptance.json`, full SAGE
-trees on held-out images 100-131; clips, which have no record: the full trees' acceptance measured here, on the same
+trees on 32 dev images; clips, which have no record: the full trees' acceptance measured here, on the same
 clips), its tokens per step and the speed-up over plain decoding;
 and the same acceptance on the paper's Qwen2.5-VL-72B + 7B pair on 8 chips (`lowering --project`).
 Every output is checked identical to AR's. Writes OUT/vlm_drafts.json (with what produced it) and OUT/vlm_drafts.md
@@ -35,7 +35,7 @@ from configs import provenance  # noqa: E402
 
 def acceptance_of(engine, policy: str = "sage"):
     """The draft's acceptance record for `policy`'s full trees (its `acceptance.json`, written by `evaluate_draft
-    --vlm --write-prior`; the shipped ones on held-out test images past this script's, a rewrite on dev images)."""
+    --vlm --write-prior`; the shipped ones on 32 dev images)."""
     from sage_jax.decoding.budget import AcceptanceStats
 
     prior = engine.acceptance_prior.get(policy)

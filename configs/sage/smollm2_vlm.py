@@ -2,7 +2,8 @@
 tower of width 192 on 28-pixel tiles of 7x7 patches (36 visual tokens an image), trained on Fashion-MNIST's train
 split, MNIST 5k, scikit-learn's digits and crops of scikit-image photos (`sage_jax/training/vlm_data.py`).
 Fashion-MNIST's test split is held out. Its draft: the shipped EAGLE-style head fine-tuned on the VLM's greedy
-answers to 512 training images (`sage_jax/training/vlm_head.py`). The recipe of `sage_jax/assets/smollm2_vlm`.
+answers to 512 training images and 256 training clips (`sage_jax/training/vlm_head.py`). The recipe of
+`sage_jax/assets/smollm2_vlm`.
 
     python -m sage_jax.train_vlm --config smollm2_vlm --workdir runs/smollm2_vlm
 """
@@ -27,4 +28,5 @@ def get_config() -> ml_collections.ConfigDict:
         video_seq_len=160,
         draft=dict(steps=300, batch_size=16, lr=2e-4, warmup=20, ckpt_every=100),
         draft_rows=512,
+        draft_clips=256,
     ))
