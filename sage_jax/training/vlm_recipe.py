@@ -64,6 +64,10 @@ class VLMRecipe(Schema):
     # warm start then asks each token to stand for the class's word), beside the mean-pooled probe's
     token_loss: Annotated[float, Range(0.0)] = 0.0
     shift: Annotated[int, COUNT] = 0  # tower stage: random translation of the training images by up to this many pixels
+    # tower stage: the share of rows that take a random box of whole patches from another row of the batch (CutMix,
+    # on the patch grid so that each visual token's probe keeps its true label; the pooled probe learns the labels
+    # mixed by area). It regularises the tower, which otherwise fits its training images while held-out ones lag.
+    cutmix: Annotated[float, Range(0.0, 1.0)] = 0.0
     mix: tuple[float, float, float] = (0.8, 0.12, 0.08)  # sampling weights of fashion, digits, photos
     photo_crops: Annotated[int, COUNT] = 64  # random crops of each scikit-image photo
     # align stage: tokens per row (prompt with its visual tokens, answer, padding)

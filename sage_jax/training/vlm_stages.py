@@ -66,7 +66,29 @@ def tower_batch(c: VLMRecipe, data, step: int, batch_size: int) -> dict[str, np.
     picks = vlm_model.draw(c, data, rng, batch_size)
     images = np.stack([_image(data, s, r, rng, c.shift) for s, r in picks])
     labels = np.asarray([_OFFSET[s] + int(data[s].labels[r]) for s, r in picks], np.int32)
-    return {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
+    out = {"pixels": vlm_model.pixels(images)[:, 0], "labels": labels}
+    if c.cutmix:
+        out["pixels"], out["token_labels"] = cutmix(out["pixels"], labels, c.cutmix, c.vision.patch_size,
+                                                    np.random.default_rng([c.seed, 11, step]))
+    return out
+
+
+def cutmix(pixels: np.ndarray, labels: np.ndarray, share: float, patch: int,
+           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """CutMix on the patch grid: each of a `share` of the rows of `pixels` [M, C, S, S] takes a random box of whole
+    `patch`-pixel patches (never the whole image) from another row; returns the pixels and every patch's label
+    [M, P] (row-major patches, the tower's token order)."""
+    m, g = len(labels), pixels.shape[-1] // patch
+    out = pixels.copy()
+    tokens = np.repeat(labels[:, None], g * g, axis=1).reshape(m, g, g)
+    partner = rng.permutation(m)
+    for i in np.nonzero(rng.random(m) < share)[0]:
+        h, w = rng.integers(1, g, size=2)
+        y, x = rng.integers(0, g - h + 1), rng.integers(0, g - w + 1)
+        box = (slice(y * patch, (y + h) * patch), slice(x * patch, (x + w) * patch))
+        out[(i, slice(None), *box)] = pixels[(partner[i], slice(None), *box)]
+        tokens[i, y: y + h, x: x + w] = labels[partner[i]]
+    return out, tokens.reshape(m, g * g).astype(np.int32)
 
 
 def _rows(pad: int, rows: list[tuple[list[int], list[int]]], t: int, a: int) -> dict[str, np.ndarray]:
@@ -132,10 +154,15 @@ def tower_loss(cfg: lo.LlavaOnevisionConfig, params: dict, batch: dict, token_lo
     h = hidden_states(cfg.vision, params["vision"], batch["pixels"], (-1,))[0]  # [M, P, Dv]
     w, b = params["probe"]["w"], params["probe"]["b"]
     logits = h.mean(axis=1) @ w + b[None]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+    if "token_labels" in batch:  # CutMix rows: the pooled target is the patches' labels mixed by area
+        labels = batch["token_labels"]
+        soft = jax.nn.one_hot(labels, logits.shape[-1]).mean(axis=1)
+        ce = optax.softmax_cross_entropy(logits, soft).mean()
+    else:
+        labels = jnp.broadcast_to(batch["labels"][:, None], h.shape[:2])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
     if token_loss:
         per = h @ w + b[None, None]  # [M, P, K]
-        labels = jnp.broadcast_to(batch["labels"][:, None], per.shape[:2])
         ce = ce + token_loss * optax.softmax_cross_entropy_with_integer_labels(per, labels).mean()
     return ce, {"acc": jnp.mean(jnp.argmax(logits, -1) == batch["labels"])}
 

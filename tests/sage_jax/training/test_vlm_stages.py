@@ -194,6 +194,46 @@ def test_warm_start_aims_each_image_at_its_class_word(tok):
     np.testing.assert_allclose(params["image_newline"], newline, rtol=1e-6)
 
 
+def test_cutmix_pastes_whole_patches_and_labels_each_token_by_its_source():
+    """Each mixed row takes one box of whole patches (never all of them) from one other row; every token's label
+    is the label of the row its patch came from, in the tower's row-major patch order."""
+    m, g, patch = 64, 4, 7
+    pixels = np.broadcast_to(np.arange(m, dtype=np.float32)[:, None, None, None], (m, 3, 28, 28))
+    labels = np.arange(m, dtype=np.int32) + 100  # a row's label names the row
+    out, tokens = vlm_stages.cutmix(pixels, labels, 0.5, patch, np.random.default_rng(0))
+    assert tokens.shape == (m, g * g) and out.shape == pixels.shape
+    src = out[:, 0].reshape(m, g, patch, g, patch).transpose(0, 1, 3, 2, 4).reshape(m, g * g, patch * patch)
+    assert (src == src[..., :1]).all()  # each patch comes whole from one row
+    np.testing.assert_array_equal(tokens, src[..., 0].astype(np.int32) + 100)
+    mixed = (tokens != labels[:, None]).any(axis=1)
+    assert 16 <= mixed.sum() <= 48 and (tokens != labels[:, None]).sum(axis=1).max() <= (g - 1) ** 2
+    assert all(len(set(t)) <= 2 for t in tokens.tolist())
+    same, tokens0 = vlm_stages.cutmix(pixels, labels, 0.0, patch, np.random.default_rng(0))
+    np.testing.assert_array_equal(same, pixels)
+    np.testing.assert_array_equal(tokens0, np.repeat(labels[:, None], g * g, axis=1))
+
+
+def test_tower_batch_with_cutmix_and_its_loss(tok):
+    """Off by default (the shipped recipe's batches and loss unchanged); on, the batch carries every token's label
+    and the loss of unmixed token labels is the plain one."""
+    parts = _tiny_parts(tok)
+    c = _recipe(parts)
+    plain = vlm_stages.tower_batch(c, parts.data, 3, 8)
+    assert "token_labels" not in plain
+    mixed = vlm_stages.tower_batch(dataclasses.replace(c, cutmix=1.0), parts.data, 3, 8)
+    np.testing.assert_array_equal(mixed["labels"], plain["labels"])
+    assert (mixed["token_labels"] != plain["labels"][:, None]).any(axis=1).sum() >= 4
+    params = {"vision": vlm_stages.init_params(parts.cfg, 0)["vision"],
+              "probe": {"w": jax.random.normal(jax.random.key(0), (32, vlm_stages.N_PROBE)),
+                        "b": np.zeros(vlm_stages.N_PROBE, np.float32)}}
+    as_tokens = {**plain, "token_labels": np.repeat(plain["labels"][:, None], 16, axis=1)}
+    want, _ = vlm_stages.tower_loss(parts.cfg, params, plain, 1.0)
+    got, _ = vlm_stages.tower_loss(parts.cfg, params, as_tokens, 1.0)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    other, _ = vlm_stages.tower_loss(parts.cfg, params, mixed, 1.0)
+    assert np.isfinite(float(other)) and abs(float(other) - float(want)) > 1e-3
+
+
 def test_align_batch_scores_exactly_the_answer(tok):
     parts = _tiny_parts(tok)
     c = _recipe(parts)
