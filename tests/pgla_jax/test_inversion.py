@@ -33,6 +33,8 @@ def _dlg_psnrs(victim, images, labels, cfg=DLG_500, attack=dlg.dlg):
     return np.array(psnrs), np.array(correct)
 
 
+# ~25 s on 2 cores: under -m integration; the default suite recovers images with iDLG (below).
+@pytest.mark.integration
 def test_dlg_recovers_mnist_digits_at_batch_1(lenet, mnist):
     # Acceptance: PSNR ≥ 30 dB (data range 1) on ≥ 8 of 10 real MNIST digits, one per class.
     x, y = data.pick(mnist, 10, seed=0)

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sage_jax.models import eagle_head
 from sage_jax.training import vlm_data, vlm_head, vlm_model, vlm_stages
@@ -14,6 +15,7 @@ from .test_vlm_draft import tok  # noqa: F401  (the fixture)
 from .test_vlm_stages import _tiny_parts
 
 
+@pytest.mark.integration  # ~30 s of compiles on 2 cores
 def test_clip_rows_join_image_rows_left_padded_and_the_padding_is_invisible(tok):  # noqa: F811
     """The draft stage's image rows and clip rows (`draft_clips`) share one left-padded width; the head's loss on an
     image row is the same padded or not (positions and masks come from "valid"), and the clip rows carry the
