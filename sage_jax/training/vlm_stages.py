@@ -77,8 +77,7 @@ def cutmix(pixels: np.ndarray, labels: np.ndarray, share: float, patch: int,
            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """CutMix on the patch grid: each of a `share` of the rows of `pixels` [M, C, S, S] takes a random box of whole
     `patch`-pixel patches (never the whole image) from a random row (a permutation's: now and then its own);
-    returns the pixels and every patch's label
-    [M, P] (row-major patches, the tower's token order)."""
+    returns the pixels and every patch's label [M, P] (row-major patches, the tower's token order)."""
     m, g = len(labels), pixels.shape[-1] // patch
     out = pixels.copy()
     tokens = np.repeat(labels[:, None], g * g, axis=1).reshape(m, g, g)
