@@ -85,6 +85,7 @@ class Stats:
     draft_width: int = 0  # summed widths of the draft forwards (tokens they ran on, incl. prefill)
     verify_width: int = 0  # summed widths of the target's verify forwards
     accepted_at: list[int] = dataclasses.field(default_factory=list)  # committed draft nodes per priority rank
+    accepted_depth: list[list[int]] = dataclasses.field(default_factory=list)  # the same per rank and depth
     # Retrieval chains (`TreePolicy.retrieval`), summed over rows: steps that merged one, the nodes they added to
     # the trees, and the accepted tokens on those nodes.
     retrieval_steps: int = 0
@@ -413,6 +414,7 @@ class Engine:
         st.prompt_tokens = sum(map(len, ids))
         st.draft_width, st.verify_width = int(state.draft_width), int(state.verify_width)
         st.accepted_at = np.asarray(state.accepted_at).tolist()
+        st.accepted_depth = np.asarray(state.accepted_depth).tolist()
         st.retrieval_steps, st.retrieval_nodes = int(state.r_steps), int(state.r_nodes)
         st.retrieval_accepted = int(state.r_accepted)
         st.width_trace = np.asarray(state.width_trace)[: st.steps].tolist()

@@ -219,16 +219,18 @@ class AcceptanceStats:
     """How one policy's trees were accepted, summed over requests (device-independent).
 
     Attributes: n_max, d_cap: the policy's static sizes; accepted / offered: per priority rank, accepted nodes and
-    steps whose budget offered that rank; depth_hist: how many steps accepted exactly τ = d tokens (each request's
-    first row while it decoded: `Stats.tau_trace`); levels / steps: draft levels run and steps; requests: requests
-    added; retrieval_nodes / retrieval_accepted: the nodes retrieval chains added and the tokens accepted on them
-    (over the same row-steps as `offered[1]`).
+    steps whose budget offered that rank; accepted_depth: [rank, depth] the accepted nodes by their depth as well
+    (`Stats.accepted_depth`; zeros in a prior written before it was counted); depth_hist: how many steps accepted
+    exactly τ = d tokens (each request's first row while it decoded: `Stats.tau_trace`); levels / steps: draft
+    levels run and steps; requests: requests added; retrieval_nodes / retrieval_accepted: the nodes retrieval
+    chains added and the tokens accepted on them (over the same row-steps as `offered[1]`).
     """
 
     n_max: int
     d_cap: int
     accepted: np.ndarray = None
     offered: np.ndarray = None
+    accepted_depth: np.ndarray = None
     depth_hist: np.ndarray = None
     levels: float = 0.0
     steps: int = 0
@@ -239,6 +241,8 @@ class AcceptanceStats:
     def __post_init__(self):
         self.accepted = np.zeros(self.n_max + 1) if self.accepted is None else np.asarray(self.accepted, float)
         self.offered = np.zeros(self.n_max + 1) if self.offered is None else np.asarray(self.offered, float)
+        self.accepted_depth = (np.zeros((self.n_max + 1, self.d_cap + 1)) if self.accepted_depth is None
+                               else np.asarray(self.accepted_depth, float))
         self.depth_hist = np.zeros(self.d_cap + 1) if self.depth_hist is None else np.asarray(self.depth_hist, float)
 
     def update(self, stats) -> None:
@@ -249,6 +253,9 @@ class AcceptanceStats:
             return
         accepted = np.asarray(stats.accepted_at[: self.n_max + 1], float)  # shorter from a fitted policy
         self.accepted[: len(accepted)] += accepted
+        by_depth = np.asarray(getattr(stats, "accepted_depth", None) or [[]], float)
+        by_depth = by_depth[: self.n_max + 1, : self.d_cap + 1]  # smaller from a fitted policy
+        self.accepted_depth[: by_depth.shape[0], : by_depth.shape[1]] += by_depth
         self.offered[1: n_b + 1] += stats.row_steps
         for t in stats.tau_trace:
             self.depth_hist[min(int(t), self.d_cap)] += 1
@@ -265,6 +272,7 @@ class AcceptanceStats:
                              f"n_max={self.n_max}, d_cap={self.d_cap}")
         self.accepted += other.accepted
         self.offered += other.offered
+        self.accepted_depth += other.accepted_depth
         self.depth_hist += other.depth_hist
         self.levels += other.levels
         self.steps += other.steps
@@ -273,13 +281,21 @@ class AcceptanceStats:
         self.retrieval_accepted += other.retrieval_accepted
 
     def expected_tau(self, n: int, d: int) -> float:
-        """E[τ] of a tree cut to `n` nodes and depth `d`: the lesser of what its top `n` priority ranks accepted
-        (Σ p_rank) and what the trees accepted within depth `d` (E[min(τ, d)]). Each cut alone is exact where the
-        other does not bind, and the rank-1 node is a depth-1 node, so a one-node tree accepts p_1 at any depth
-        cap. (Multiplying the two cuts counted a shortfall twice where both bind: with a head whose full SAGE tree
-        accepts τ 1.4, it took a one-node tree's 0.53 for 0.29, and `--budget auto` decoded plainly.)"""
+        """E[τ] of a tree cut to `n` nodes and depth `d`.
+
+        Where every accepted node was counted by its depth too (`accepted_depth`), exactly: the sum over the top
+        `n` priority ranks of how often the node of that rank was accepted at a depth of at most `d`. A level-built
+        tree (SAGE, static, chain) ranks its nodes level by level, so the cut's nodes are the unbudgeted tree's
+        first `n` less those deeper than `d`, and the ones it keeps are accepted exactly as often as before.
+        Otherwise (a prior written before depths were counted) the lesser of what the top `n` ranks accepted
+        (Σ p_rank) and what the trees accepted within depth `d` (E[min(τ, d)]): an upper bound, exact where one cut
+        does not bind, which takes a wide shallow cut for as good as the full tree's first `n` nodes."""
         p = np.divide(self.accepted, self.offered, out=np.zeros_like(self.accepted), where=self.offered > 0)
         e_n = float(np.sum(p[1: n + 1]))
+        if self.accepted.sum() > 0 and np.allclose(self.accepted_depth.sum(1), self.accepted):
+            kept = self.accepted_depth[1: n + 1, : d + 1].sum(1)
+            return float(np.sum(np.divide(kept, self.offered[1: n + 1], out=np.zeros_like(kept),
+                                          where=self.offered[1: n + 1] > 0)))
         tot = self.depth_hist.sum()
         if tot == 0:
             return e_n
@@ -296,7 +312,8 @@ class AcceptanceStats:
 
     def to_json(self) -> dict:
         return {"n_max": self.n_max, "d_cap": self.d_cap, "accepted": self.accepted.tolist(),
-                "offered": self.offered.tolist(), "depth_hist": self.depth_hist.tolist(), "levels": self.levels,
+                "offered": self.offered.tolist(), "accepted_depth": self.accepted_depth.tolist(),
+                "depth_hist": self.depth_hist.tolist(), "levels": self.levels,
                 "steps": self.steps, "requests": self.requests, "retrieval_nodes": self.retrieval_nodes,
                 "retrieval_accepted": self.retrieval_accepted}
 

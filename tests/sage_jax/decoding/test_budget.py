@@ -50,6 +50,25 @@ def test_expected_tau_is_the_lesser_of_the_rank_and_depth_cuts():
         np.testing.assert_allclose(acc.expected_tau(n, d), tau, rtol=1e-9, err_msg=str((n, d)))
 
 
+def test_expected_tau_counts_the_ranks_a_depth_cap_keeps():
+    """Counted by depth as well, a cut keeps the top ranks that sat no deeper than its cap, exactly: over 100 full
+    trees rank 1 (a depth-1 node) was accepted 50 times, rank 2 (depth 1) 20, rank 3 5 times as a third depth-1
+    sibling and 25 times as a depth-2 child. A 3-node tree capped at depth 1 accepts 0.75, not the 1.0 the two
+    cuts' lesser bound gives; a prior without depths keeps that bound."""
+    acc = budget.AcceptanceStats(n_max=4, d_cap=3)
+    acc.accepted[1:4] = [50, 20, 30]
+    acc.offered[1:] = 100
+    acc.accepted_depth[1, 1], acc.accepted_depth[2, 1], acc.accepted_depth[3, 1:3] = 50, 20, [5, 25]
+    acc.depth_hist[:] = [20, 55, 25, 0]
+    want = {(1, 1): 0.5, (2, 1): 0.7, (3, 1): 0.75, (3, 2): 1.0, (4, 3): 1.0}
+    back = budget.AcceptanceStats.from_json(acc.to_json())
+    for (n, d), tau in want.items():
+        np.testing.assert_allclose(back.expected_tau(n, d), tau, rtol=1e-9, err_msg=str((n, d)))
+    old = acc.to_json()
+    del old["accepted_depth"]  # a prior written before depths were counted
+    np.testing.assert_allclose(budget.AcceptanceStats.from_json(old).expected_tau(3, 1), 0.8)  # min(1.0, P(τ ≥ 1))
+
+
 def test_chooser_follows_the_cost_curve():
     p = [0.6, 0.3, 0.1, 0.05] + [0.02] * 60  # acceptance by priority rank
     flat = _chooser([10.0, 10.0, 10.5, 11.0], p)  # TPU-like: verify cost flat in N
@@ -123,11 +142,16 @@ def test_budget_is_an_array_and_cuts_the_tree(tiny_lm, cache_dir):
     ref = engine.generate([prompt], policy="ar", max_new_tokens=24).token_ids
     full = engine.generate([prompt], policy=pol, max_new_tokens=24, alpha_init=1.0)
     compiles = engine.compiles
+    # Accepted nodes by rank and depth: one request, so the nodes accepted at depth d are the steps with τ >= d.
+    by_depth = np.asarray(full.stats.accepted_depth)
+    assert by_depth.shape == (17, 7) and by_depth.sum(1).tolist() == full.stats.accepted_at
+    assert by_depth[:, 1:].sum(0).tolist() == [sum(t >= d for t in full.stats.tau_trace) for d in range(1, 7)]
+    assert by_depth[:, 1].sum() > 0 and by_depth[:, 2:].sum() > 0
     for n, d in [(1, 6), (3, 2), (16, 6)]:
         g = engine.generate([prompt], policy=pol, max_new_tokens=24, alpha_init=1.0, budget=(n, d))
         assert g.token_ids == ref
         assert max(g.stats.nodes_trace) <= n and max(g.stats.depth_trace) <= d
-        assert sum(g.stats.accepted_at[n + 1:]) == 0
+        assert sum(g.stats.accepted_at[n + 1:]) == 0 and np.sum(np.asarray(g.stats.accepted_depth)[:, d + 1:]) == 0
     assert engine.compiles == compiles
     assert full.stats.budget == (16, 6)
     auto = [engine.generate([prompt], policy=pol, max_new_tokens=24, budget="auto") for _ in range(3)]
