@@ -413,8 +413,8 @@ class Engine:
         st = gen.stats
         st.prompt_tokens = sum(map(len, ids))
         st.draft_width, st.verify_width = int(state.draft_width), int(state.verify_width)
-        st.accepted_at = np.asarray(state.accepted_at).tolist()
         st.accepted_depth = np.asarray(state.accepted_depth).tolist()
+        st.accepted_at = np.sum(st.accepted_depth, 1).tolist()
         st.retrieval_steps, st.retrieval_nodes = int(state.r_steps), int(state.r_nodes)
         st.retrieval_accepted = int(state.r_accepted)
         st.width_trace = np.asarray(state.width_trace)[: st.steps].tolist()

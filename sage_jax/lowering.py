@@ -108,8 +108,7 @@ def _state_shardings(state, target: serving_lm.LM, draft: serving_lm.LM, m: Abst
     return jax.tree_util.tree_map_with_path(one, state)
 
 
-_STEP_ARRAYS = {"accepted_at", "accepted_depth", "alpha_trace", "depth_trace", "nodes_trace", "width_trace",
-                "tau_trace"}
+_STEP_ARRAYS = {"accepted_depth", "alpha_trace", "depth_trace", "nodes_trace", "width_trace", "tau_trace"}
 
 
 @dataclasses.dataclass

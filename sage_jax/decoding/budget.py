@@ -4,8 +4,9 @@ The paper's speedup model (sage.md Eq. 6): S ≈ (E[τ] + 1) / (c_d·|T| + c_t),
 measured, not assumed: the target's verify forward at every static width the step can run at (`widths.py`),
 and the draft's forward at every frontier width, on the current device, cached per (device, models, widths).
 E[τ] comes from running acceptance statistics: how often the node of each priority rank was accepted when the
-budget offered it (`SpecState.accepted_at`), and how deep accepted paths go (τ traces). Because a tree with a
-budget of N nodes is the first N nodes of the unbudgeted tree in priority order, E[τ](N) = Σ_{i ≤ N} p_i.
+budget offered it, and at which depth (`SpecState.accepted_depth`). Because a tree with a budget of N nodes is the
+first N nodes of the unbudgeted tree in priority order, E[τ](N) = Σ_{i ≤ N} p_i; a depth cap D keeps those of the
+N that sat no deeper than D (`AcceptanceStats.expected_tau`).
 Acceptance does not depend on the device, so a draft checkpoint can ship statistics measured on held-out prompts
 (`python -m sage_jax.evaluate_draft --write-prior`) as the chooser's prior: the first request is then decided by
 the model, not spent exploring.

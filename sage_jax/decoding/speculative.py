@@ -84,10 +84,10 @@ class SpecState:
         `max_new` counts only what it committed) and active steps per row.
       draft_forwards: draft forwards spent (batched).  draft_width, verify_width: summed static widths those
         forwards and the target's verify forwards ran at (with bucketing, what the step really paid for).
-      accepted_at: [ranks] (n_max + 1) how often a draft node of each priority rank (1 = admitted first) was
-        committed, over active rows: E[τ] of a budget N is sum(accepted_at[1 : N + 1]) / steps (`budget.py`).
-      accepted_depth: [ranks, D_cap + 1] the same counts by the node's depth as well: a level-built tree's ranks
-        run level by level, so a depth cap D cuts the ranks that sat deeper than D out of a budget's first N.
+      accepted_depth: [ranks, D_cap + 1] (ranks = n_max + 1) how often a draft node of each priority rank
+        (1 = admitted first) was committed at each depth, over active rows: E[τ] of a budget (N, D) sums ranks
+        1..N at depths up to D, over steps (`budget.py`; a level-built tree's ranks run level by level, so a depth
+        cap cuts the ranks that sat deeper out of a budget's first N). Summed over depths: `Stats.accepted_at`.
       r_score: [B] the running precision of each row's retrieval chains (the gate, `retrieval.precision`).
       r_steps, r_nodes, r_accepted: row-steps that merged a chain, the nodes the chains added to the trees, and the
         accepted tokens that sat on those nodes (what retrieval adds to E[τ] and to the verify width).
@@ -125,7 +125,6 @@ class SpecState:
     draft_forwards: Int[Array, ""]
     draft_width: Int[Array, ""]
     verify_width: Int[Array, ""]
-    accepted_at: Int[Array, " ranks"]
     accepted_depth: Int[Array, "ranks levels"]
     r_score: Float[Array, " B"]
     r_steps: Int[Array, ""]
@@ -183,7 +182,6 @@ def spec_prefill(cfg: SpecConfig, target: LM, drafter: Drafter, tokens: Int[Arra
         d_budget=jnp.clip(d_budget, 1, pol.d_cap).astype(jnp.int32),
         steps=jnp.int32(0), sum_tau=jnp.zeros((b,), jnp.int32), n_steps=jnp.zeros((b,), jnp.int32),
         draft_forwards=jnp.int32(1), draft_width=jnp.int32(t_d), verify_width=jnp.int32(0),
-        accepted_at=jnp.zeros((pol.n_max + 1,), jnp.int32),
         accepted_depth=jnp.zeros((pol.n_max + 1, pol.d_cap + 1), jnp.int32), r_score=jnp.ones((b,), jnp.float32),
         r_steps=jnp.int32(0), r_nodes=jnp.int32(0), r_accepted=jnp.int32(0),
         alpha_trace=jnp.full((n_steps,), jnp.nan, jnp.float32),
@@ -508,7 +506,6 @@ def record(pol: policies.TreePolicy, s: SpecState, d: Draft, v: Verdict, active:
         steps=s.steps + 1, sum_tau=s.sum_tau + jnp.where(active, kept, 0), n_steps=s.n_steps + active,
         draft_forwards=s.draft_forwards + d.forwards, draft_width=s.draft_width + d.width,
         verify_width=s.verify_width + v.width,
-        accepted_at=s.accepted_at.at[path_rank.reshape(-1)].add(1, mode="drop"),
         accepted_depth=s.accepted_depth.at[path_rank.reshape(-1), path_depth.reshape(-1)].add(1, mode="drop"),
         r_steps=s.r_steps + jnp.sum(active & ((d.n_merged > 0) | (d.n_stored > 0))),
         r_nodes=s.r_nodes + jnp.sum(jnp.where(active, chain_nodes, 0)), r_accepted=s.r_accepted + jnp.sum(on_chain),
