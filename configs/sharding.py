@@ -179,6 +179,8 @@ def initialize_distributed() -> bool:
 # Logical names -> PartitionSpec.
 # ---------------------------------------------------------------------------------------------------------------
 
+# Set while `map_shards` traces its function: (mesh, the rules as that map cuts the shards).
+_inside: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("map_shards", default=None)
 _current: contextvars.ContextVar[tuple[Mesh | None, Rules]] = contextvars.ContextVar(
     "sharding_context", default=(None, INFERENCE_RULES)
 )
@@ -259,19 +261,22 @@ def named_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh
 
 
 def shard(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Constrains activation `x` to the sharding of its logical `names`; a no-op when no mesh is current."""
+    """Constrains activation `x` to the sharding of its logical `names`; a no-op when no mesh is current, and inside
+    `map_shards` (each device holds its own shard there: nothing is left for the partitioner to place)."""
     mesh, rules = current()
-    if mesh is None:
+    if mesh is None or _inside.get() is not None:
         return x
     if len(names) != x.ndim:
         raise ValueError(f"{len(names)} logical names {tuple(names)} for an array of rank {x.ndim}")
     return jax.lax.with_sharding_constraint(x, named_sharding(names, x.shape, mesh, rules))
 
 
-def map_shards(fn: Callable, in_names: Sequence[Sequence[str | None]], out_names: Sequence[str | None], *args):
+def map_shards(fn: Callable, in_names: Sequence[Sequence[str | None]], out_names, *args):
     """`fn(*args)` run on every device's shard (`jax.shard_map`), the shards cut by the arrays' logical `in_names`
-    under the current mesh and rules; the output [.., out_names] is put back together the same way. Without a
-    current mesh, plain `fn(*args)`. For ops the partitioner cannot split itself (a Pallas kernel is opaque to it).
+    under the current mesh and rules; the output [.., out_names] is put back together the same way (`out_names`: one
+    tuple of names, or a tuple of them for a tuple of outputs). Without a current mesh, plain `fn(*args)`. For ops
+    the partitioner cannot split itself (a Pallas kernel is opaque to it), and for computations that choose their
+    own collectives (`gather`).
 
     A logical name splits every array it names alike: where its mesh axes do not divide one of those dimensions, it
     is replicated in all of them (two arrays that must be cut together, such as query heads and the kv heads
@@ -297,8 +302,33 @@ def map_shards(fn: Callable, in_names: Sequence[Sequence[str | None]], out_names
     local = tuple(r for r in rules if kept.get(r[0], True))
     local += tuple((name, None) for name, ok in kept.items() if not ok)
     specs = tuple(logical_to_spec(names, local) for names in in_names)
-    out_spec = logical_to_spec(out_names, local)
-    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)(*args)
+    several = bool(out_names) and isinstance(out_names[0], tuple | list)
+    out_spec = tuple(logical_to_spec(n, local) for n in out_names) if several else logical_to_spec(out_names, local)
+
+    def body(*a):  # `gather` inside reads the rules as this map cuts the shards
+        token = _inside.set((mesh, local))
+        try:
+            return fn(*a)
+        finally:
+            _inside.reset(token)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)(*args)
+
+
+def gather(x: jax.Array, name: str, axis: int) -> jax.Array:
+    """Inside `map_shards`: the whole of `x`'s `axis`, which the logical `name` cuts there, from every device's
+    shard in mesh order (an all-gather; nothing is summed, so no value depends on how many devices hold it). `x`
+    itself where `name` cuts nothing: outside `map_shards`, or where the map left it replicated."""
+    inside = _inside.get()
+    if inside is None:
+        return x
+    mesh, rules = inside
+    target = dict(rules).get(name)
+    axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+    axes = tuple(a for a in axes if mesh.shape[a] > 1)
+    if not axes:
+        return x
+    return jax.lax.all_gather(x, axes[0] if len(axes) == 1 else axes, axis=axis % x.ndim, tiled=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

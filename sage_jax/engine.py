@@ -185,9 +185,6 @@ class Engine:
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
         serving_lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
-        if matmul == "exact" and self._lm_t.groups != (1, 1):
-            raise ValueError("--matmul exact runs on one device or data-parallel meshes: this target is placed "
-                             "tensor-parallel")
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
         self.tokenizer = tokenizer

@@ -16,11 +16,13 @@ pair and mesh on a 2-core CPU).
 
 `--memory-table` prints instead every preset's memory per chip from the models' exact parameter shapes under the
 inference rules (`sage_jax.io.paper_targets.table`: bf16 weights, KV caches for batch 1 x 8192 tokens per model),
-nothing exported.
+nothing exported; the exact mode (`LMConfig.matmul == "exact"`) holds the same bytes per chip.
 
 `--project CHIP` prints the cost model's projection for the paper's pairs on CHIP (`sage_jax.decoding.cost_model`):
 tokens/s of plain decoding, of SAGE's full trees at the paper's τ, and of the budget `--budget auto` would choose
-there from the shipped head's acceptance record, beside the paper's own figures on H20 GPUs.
+there from the shipped head's acceptance record, beside the paper's own figures on H20 GPUs; then the same pairs
+in the exact mode (`LMConfig.matmul == "exact"`: speculative output equal to plain decoding bit for bit), AR and
+SAGE beside the fast mode's, with the exact mode's tax on each.
 """
 
 from __future__ import annotations
@@ -226,6 +228,11 @@ def report(rows: list[Lowered]) -> str:
     return "\n".join(head)
 
 
+#: Under `--memory-table`: what the exact mode holds.
+EXACT_BYTES = ("The exact mode (LMConfig.matmul == \"exact\") holds the same bytes per chip: its o and down "
+               "projections are cut on their outputs instead of their inputs, into shards of the same sizes.")
+
+
 def _project(chip_name: str, tp: int, context: int) -> int:
     """`--project CHIP`: the cost model's table for the paper's pairs (one row per target / draft pair)."""
     from sage_jax.decoding import budget as budget_lib
@@ -243,18 +250,25 @@ def _project(chip_name: str, tp: int, context: int) -> int:
     prior = (lm_checkpoint.read_acceptance(draft) if draft else {}).get("policies", {}).get(pol.name)
     stats = budget_lib.AcceptanceStats.from_json(prior) if prior and (prior["n_max"], prior["d_cap"]) == (
         pol.n_max, pol.d_cap) else None
-    seen, rows = set(), []
+    seen, rows, exact = set(), [], []
     for preset in paper_targets.presets().values():
         pair = (preset.target, preset.draft)
         if preset.draft is None or pair in seen:
             continue
         seen.add(pair)
         rows.append(cost_model.project(preset, chip, tp=tp, context=context, policy=pol, acceptance=stats))
+        exact.append(cost_model.project(preset, chip, tp=tp, context=context, policy=pol, acceptance=stats,
+                                        matmul="exact"))
     print(f"Predicted by the roofline model (sage_jax.decoding.cost_model) for {tp} x {chip_name} "
           f"({chip.flops / 1e12:.0f} bf16 TFLOP/s, {chip.bandwidth / 1e9:.0f} GB/s HBM per chip), bf16, batch 1, "
           f"{context} tokens attended; the paper's τ counts accepted draft tokens (a step commits τ + 1); our "
           f"acceptance: the shipped SmolLM2 head's per-rank record{'' if stats else ' (not in this checkout)'}\n")
     print(cost_model.projection_table(rows))
+    print(f"\nThe exact mode (LMConfig.matmul == \"exact\": speculative output equal to plain decoding bit for bit) on "
+          f"the same chips: matmuls in {chip.kind.upper()} row tiles of {cost_model.exact_tiles(chip.kind)[0]}, each "
+          f"reading every weight; attention in tiles of {cost_model.exact_tiles(chip.kind)[1]} queries, each reading "
+          f"the KV cache; all-gathers instead of all-reduces. Tax: 1 - exact / fast tokens/s\n")
+    print(cost_model.exact_mode_table(rows, exact))
     return 0
 
 
@@ -272,7 +286,7 @@ def _main(argv: list[str] | None) -> int:
                    help="print every preset's memory per chip by the inference rules (nothing exported) and exit")
     p.add_argument("--project", metavar="CHIP", choices=sorted(paper_targets.chips()),
                    help="print instead the cost model's tokens/s of AR and SAGE for the paper's pairs on CHIP "
-                   "(sage_jax.decoding.cost_model), beside the paper's own figures, and exit")
+                   "(sage_jax.decoding.cost_model), beside the paper's own figures, then in the exact mode, and exit")
     p.add_argument("--tp", type=cli.integer(1, 4096), default=8, metavar="N",
                    help="--project: chips per pair, tensor-parallel "
                    "(default 8)")
@@ -282,7 +296,7 @@ def _main(argv: list[str] | None) -> int:
     if args.project:
         return _project(args.project, args.tp, args.context)
     if args.memory_table:
-        print(f"bf16 weights; KV cache for batch 1 x 8192 tokens per model\n\n{paper_targets.table()}")
+        print(f"bf16 weights; KV cache for batch 1 x 8192 tokens per model\n\n{paper_targets.table()}\n\n{EXACT_BYTES}")
         return 0
     meshes = []
     for text in args.mesh or [f"{d}x{m}" for d, m in MESHES.values()]:

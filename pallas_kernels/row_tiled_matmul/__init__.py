@@ -8,7 +8,7 @@ The matmuls of the exact mode (`LMConfig.matmul == "exact"`): XLA picks a dot's 
 rounds differently in a one-row decode step and in a verify forward of k + 1 rows. Here the rows run in tiles of a
 fixed size and the reduction in fixed blocks taken in order, so a row's bits depend on nothing but its own data
 (and the platform). Picked when lowering (`lax.platform_dependent`): Mosaic on TPU (`tpu.py`, 128-row tiles), Triton
-on CUDA / ROCm (`gpu.py`, 16-row tiles), elsewhere the jnp reference (`reference.py`, 8-row tiles under `lax.map`),
+on CUDA / ROCm (`gpu.py`, 128-row tiles), elsewhere the jnp reference (`reference.py`, 8-row tiles under `lax.map`),
 which is also the kernels' oracle in tests.
 """
 

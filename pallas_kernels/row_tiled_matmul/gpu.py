@@ -1,8 +1,11 @@
 """The row-tiled matmul on GPU (Pallas on Triton): one program per (row tile, output block), looping over the
 reduction in fixed blocks, in order, into a float32 accumulator.
 
-A row tile is `GPU_ROWS` rows whatever M is (the least Triton's dot takes), the reduction split into `block_d`
-blocks, so a row's bits depend neither on M nor on the other rows. Triton needs power-of-2 blocks: D and E are
+A row tile is `GPU_ROWS` rows whatever M is, the reduction split into `block_d` blocks, so a row's bits depend
+neither on M nor on the other rows. Each row tile streams the whole weight, so the tile is as tall as a speculative
+verify (a paper-sized tree of 64 nodes and its root fits one), and a one-row decode step's padded rows cost tensor
+core time the weight stream hides: at a 72B model's shapes an H100 stays memory-bound up to about 200 rows
+(`sage_jax.decoding.cost_model`). Triton needs power-of-2 blocks: D and E are
 zero-padded to whole blocks (padding adds exact zeros).
 """
 
@@ -18,7 +21,7 @@ from jaxtyping import Array, Float
 
 from pallas_kernels.row_tiled_matmul.reference import Layout
 
-GPU_ROWS = 16
+GPU_ROWS = 128
 
 
 def _kernel(x_ref, w_ref, o_ref, *, block_d: int, n_d: int, w_layout: Layout):

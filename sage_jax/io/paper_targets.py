@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Literal
 
 from configs import sharding
@@ -131,6 +132,14 @@ def hbm_gib(generation: str) -> float:
 def chips() -> dict[str, ChipSpec]:
     """Every chip's published figures, by name ("v6e", "h100", ...)."""
     return dict(load().chips)
+
+
+def platform(chip: str) -> Literal["tpu", "gpu"]:
+    """Whether the chip named `chip` in `chips()` is a TPU or a GPU: the table names TPU generations as Cloud TPU
+    does (v4, v5e, v5p, v6e) and GPUs as NVIDIA does (h100, h200, h20)."""
+    if chip not in load().chips:
+        raise ValueError(f"no published figures for chip {chip!r}; known: {', '.join(sorted(load().chips))}")
+    return "tpu" if re.fullmatch(r"v\d+[a-z]*", chip) else "gpu"
 
 
 def abstract_mesh(tp: int):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from configs.sharding import map_shards, shard
+from configs.sharding import gather, map_shards, shard
 from cpu_kernels import skinny_matmul
 from sage_jax.models import layers
 from sage_jax.models.config import LMConfig
@@ -185,31 +185,94 @@ def _exact_matmul(x: Float[Array, "M D"], w: Float[Array, "E D"] | Float[Array, 
     return row_tiled_matmul(x, w, w_layout=w_layout)
 
 
+#: The logical names a tensor-parallel exact layer's arrays are cut by, given its `Groups` (`_exact_block`): heads
+#: (and, in the exact layout, the output rows of the o projection) as the fused qkv rows are, the MLP's columns (and
+#: the down projection's output rows) as the fused gate|up rows are.
+def _exact_names(groups: Groups) -> tuple[str | None, str | None]:
+    return ("heads" if groups[0] > 1 else None), ("mlp" if groups[1] > 1 else None)
+
+
 def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"] | Int[Array, "B T 3"],
                  k_cache: Float[Array, "B S K H"] | None, v_cache: Float[Array, "B S K H"] | None,
                  write_pos: Int[Array, " B"] | None, mask: Bool[Array, "B T S"] | Visibility, write: bool,
                  groups: Groups):
-    """`block` in the shape-invariant mode: a row's output has the same bits whatever the number of rows, and a
-    tree's node computes as the same token decoded alone would.
+    """`block` in the shape-invariant mode: a row's output has the same bits whatever the number of rows and
+    whatever the mesh, and a tree's node computes as the same token decoded alone would.
 
     Matmuls through `_exact_matmul` (float32 accumulation), everything else row-wise in fixed tiles
-    (`layers.tiled_rows`: norms, bias, RoPE, the gated activation, residuals). Attention runs one query at a time
-    over the whole cache (`layers.attention_row`). Reading the cache only (`write=False`, a `Visibility`: a
-    speculative verify), each query sees its visible window keys laid over the slots they will hold once its path
-    is committed, in order from `start` (a tree node's ancestors by depth), so that it attends exactly as it will
-    when decoded alone after that path: same keys in the same slots, the rest weighing exactly 0."""
-    if groups != (1, 1):
-        raise ValueError("the exact mode runs on one device: a tensor-parallel layout is not supported")
+    (`layers.tiled_rows`: norms, bias, RoPE, the gated activation, residuals). Attention over a cache under a
+    `Visibility` (every forward of the decoding loops) runs the fixed-order kernel
+    (`pallas_kernels.exact_attention`: fixed query tiles, 128-slot blocks folded in order; Mosaic on TPU, Triton on
+    GPU, its jnp reference elsewhere). Reading the cache only (`write=False`: a speculative verify), each query sees
+    its visible window keys laid over the slots they will hold once its path is committed, in order from `start` (a
+    tree node's ancestors by depth), so that it attends exactly as it will when decoded alone after that path: same
+    keys in the same slots, the rest weighing exactly 0. Under a dense mask (a prefill that measures attention, a
+    forward without a cache) attention runs one query at a time (`layers.attention_row`).
+
+    Tensor-parallel (`groups`, on a mesh: `map_shards`), each device computes its own heads and its own MLP
+    columns, as in the fast mode, but no value is ever a sum of the devices' partial sums: the attention's output
+    and the MLP's activation are gathered whole (`sharding.gather`), and the o and down projections, laid out cut on
+    their output rows (`exact_layout`), give each device whole dot products over the full input; their outputs are
+    gathered too. Every element is then computed on one device by the same tiles as on one device alone."""
+    overlay = k_cache is not None and not write
+    if overlay and (not isinstance(mask, Visibility) or mask.window.shape[-1] != x.shape[1]):
+        raise ValueError("the exact mode reads a cache unwritten under a Visibility whose window is the T new tokens")
+    dt = jnp.dtype(cfg.dtype)
+    ha, hm = _exact_names(groups)
+    keys = [k for k in ("attn_norm", "qkv", "bqkv", "o", "mlp_norm", "gate_up", "down") if k in p]
+    weight_names = {"attn_norm": (None,), "qkv": (ha, None), "bqkv": (ha,), "o": (ha, None), "mlp_norm": (None,),
+                    "gate_up": (hm, None), "down": (hm, None)}
+    args = [x, positions] + [p[k].astype(jnp.float32 if k in ("attn_norm", "mlp_norm", "bqkv") else dt) for k in keys]
+    names = [("batch", None, None), ("batch",) + (None,) * (positions.ndim - 1)] + [weight_names[k] for k in keys]
+    cached = k_cache is not None
+    if cached:
+        cache_names = ("batch", None, ha, None)
+        args += [k_cache, v_cache]
+        names += [cache_names, cache_names]
+        if not overlay:
+            args.append(write_pos)
+            names.append(("batch",))
+    visibility = isinstance(mask, Visibility)
+    if visibility:
+        args += [mask.pad, mask.start, mask.window]
+        names += [("batch",), ("batch",), ("batch", None, None)]
+    else:
+        args.append(mask)
+        names.append(("batch", None, None))
+
+    def local(x, positions, *rest):
+        w = dict(zip(keys, rest[:len(keys)], strict=True))
+        rest = rest[len(keys):]
+        k_cache = v_cache = write_pos = None
+        if cached:
+            k_cache, v_cache, *rest = rest
+            if not overlay:
+                write_pos, *rest = rest
+        m = Visibility(pad=rest[0], start=rest[1], window=rest[2]) if visibility else rest[0]
+        return _exact_layer(cfg, w, x, positions, k_cache, v_cache, write_pos, m, overlay, ha, hm)
+
+    if not cached:
+        return map_shards(lambda *a: local(*a)[0], names, ("batch", None, None), *args), None, None
+    kv_names = ("batch", None, ha, None)
+    return map_shards(local, names, (("batch", None, None), kv_names, kv_names), *args)
+
+
+def _exact_layer(cfg: LMConfig, w: dict, x: Float[Array, "B T D"], positions, k_cache, v_cache, write_pos, mask,
+                 overlay: bool, ha: str | None, hm: str | None):
+    """`_exact_block` on one device's shards: its heads (`ha`: their logical name where the heads are cut) and
+    its MLP columns (`hm`), with `x` whole on every device."""
     dt = jnp.dtype(cfg.dtype)
     b, t, d = x.shape
-    n, kh, hd, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim
+    n, kh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    kh = w["qkv"].shape[0] // (hd * (n // kh + 2))  # this device's kv heads (all of them unless cut)
+    n = kh * (cfg.n_heads // cfg.n_kv_heads)
+    f = w["gate_up"].shape[0] // 2  # this device's MLP columns
     inv_freq, rope_scale = layers.rope_inv_freq(cfg.rope, hd)
-    w = {k: v.astype(jnp.float32 if k in ("attn_norm", "mlp_norm", "bqkv") else dt) for k, v in p.items()}
     tiled = layers.tiled_rows
 
     def qkv_tile(yt, pt):  # [R, E] float32, positions [R] or [R, 3]
         r = yt.shape[0]
-        if cfg.qkv_bias:
+        if "bqkv" in w:
             yt = yt + w["bqkv"][None]
         q, k, v = jnp.split(yt.astype(dt), np.cumsum([n * hd, kh * hd]), axis=-1)
         rope = lambda z, heads: layers.apply_rope(  # noqa: E731
@@ -220,46 +283,42 @@ def _exact_block(cfg: LMConfig, p: dict, x: Float[Array, "B T D"], positions: In
     h = tiled(lambda xt: layers.rms_norm(xt, w["attn_norm"], cfg.norm_eps), rows)
     q, k, v = tiled(qkv_tile, _exact_matmul(h, w["qkv"]), positions.reshape(b * t, *positions.shape[2:]))
     k, v = k.reshape(b, t, kh, hd), v.reshape(b, t, kh, hd)
-    overlay = k_cache is not None and not write
-    if overlay:
-        if not isinstance(mask, Visibility) or mask.window.shape[-1] != t:
-            raise ValueError("the exact mode reads a cache unwritten under a Visibility whose window is the T new "
-                             "tokens")
-        keys, vals = k_cache, v_cache
-    elif k_cache is not None:
+    keys, vals = k_cache, v_cache
+    if k_cache is not None and not overlay:
         keys = write_rows(k_cache, k.astype(k_cache.dtype), write_pos)
         vals = write_rows(v_cache, v.astype(v_cache.dtype), write_pos)
+    if k_cache is not None and isinstance(mask, Visibility):  # what the decoding loops run: the fixed-order kernel
+        from pallas_kernels.exact_attention import exact_attention  # here: importing Pallas costs every CLI 0.4 s
+
+        new = (k.astype(dt), v.astype(dt)) if overlay else ()  # the window's keys, laid over their path's slots
+        o = exact_attention(q.reshape(b, t, n, hd), keys.astype(dt), vals.astype(dt), mask.pad, mask.start,
+                            mask.window, *new).reshape(b * t, -1)
+    else:  # a dense mask (a prefill that measures attention, a forward without a cache): one query at a time
+        keys, vals = (k, v) if k_cache is None else (keys, vals)
         dense = _dense(mask, keys.shape[1])
-    else:
-        keys, vals, dense = k, v, mask
-    s_len = keys.shape[1]
-    slots = jnp.arange(s_len)
-
-    def attend(i):
-        bi = i // t
-        kc, vc = keys[bi], vals[bi]
-        if overlay:  # the window's keys where the committed path will put them
-            seen = mask.window[bi, i % t]
-            at = jnp.where(seen, mask.start[bi] + jnp.cumsum(seen) - 1, s_len)  # s_len: dropped
-            kc = kc.at[at].set(k[bi].astype(kc.dtype), mode="drop")
-            vc = vc.at[at].set(v[bi].astype(vc.dtype), mode="drop")
-            visible = (slots >= mask.pad[bi]) & (slots < mask.start[bi] + jnp.sum(seen))
-        else:
-            visible = dense[bi, i % t]
-        return layers.attention_row(q[i], kc.astype(dt), vc.astype(dt), visible)
-
-    o = jax.lax.map(attend, jnp.arange(b * t)).reshape(b * t, -1)
+        o = jax.lax.map(lambda i: layers.attention_row(q[i], keys[i // t].astype(dt), vals[i // t].astype(dt),
+                                                       dense[i // t, i % t]), jnp.arange(b * t)).reshape(b * t, -1)
+    if ha:  # every head's output on every device, in head order (shard j holds heads [j n, (j + 1) n))
+        o = gather(o, ha, -1)
+    y = _exact_matmul(o, w["o"])
+    if ha:  # this device's output rows of the o projection -> all of them
+        y = gather(y, ha, -1)
 
     def mlp_in(xt, yt):  # the attention's residual, and the MLP's normed input
         xt = xt + yt.astype(dt)
         return xt, layers.rms_norm(xt, w["mlp_norm"], cfg.norm_eps)
 
-    rows, h = tiled(mlp_in, rows, _exact_matmul(o, w["o"]))
+    rows, h = tiled(mlp_in, rows, y)
     act = tiled(lambda gu: jax.nn.silu(gu[:, :f].astype(dt)) * gu[:, f:].astype(dt), _exact_matmul(h, w["gate_up"]))
-    out = tiled(lambda xt, yt: xt + yt.astype(dt), rows, _exact_matmul(act, w["down"])).reshape(b, t, d)
+    if hm:
+        act = gather(act, hm, -1)
+    y = _exact_matmul(act, w["down"])
+    if hm:
+        y = gather(y, hm, -1)
+    out = tiled(lambda xt, yt: xt + yt.astype(dt), rows, y).reshape(b, t, d)
     if overlay:
         return out, k, v
-    return out, (keys if k_cache is not None else None), (vals if k_cache is not None else None)
+    return out, keys, vals
 
 
 def _kernel_attention(q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"],
@@ -377,11 +436,17 @@ def embed_tokens(cfg: LMConfig, embed: Float[Array, "V D"], tokens: Int[Array, "
 @jax.named_scope(MODEL_SCOPE)
 def head(cfg: LMConfig, embed, final_norm, lm_head, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
     """Final norm + LM head; float32 logits."""
-    if cfg.matmul == "exact":  # the shape-invariant mode (`_exact_block`)
-        b, t, d = hidden.shape
-        h = layers.tiled_rows(lambda ht: layers.rms_norm(ht, final_norm, cfg.norm_eps), hidden.reshape(b * t, d))
+    if cfg.matmul == "exact":  # the shape-invariant mode (`_exact_block`); on a mesh each device its vocabulary rows
         w, layout = (embed, "ED") if lm_head is None else (lm_head, "DE")
-        return shard(_exact_matmul(h, w.astype(h.dtype), layout).reshape(b, t, -1), ("batch", "seq", "vocab"))
+
+        def local(hidden, final_norm, w):
+            b, t, d = hidden.shape
+            h = layers.tiled_rows(lambda ht: layers.rms_norm(ht, final_norm, cfg.norm_eps), hidden.reshape(b * t, d))
+            return _exact_matmul(h, w.astype(h.dtype), layout).reshape(b, t, -1)
+
+        w_names = ("vocab", None) if layout == "ED" else (None, "vocab")
+        return map_shards(local, (("batch", None, None), (None,), w_names), ("batch", None, "vocab"),
+                          hidden, final_norm, w)
     h = layers.rms_norm(hidden, final_norm, cfg.norm_eps)
     b, t, d = h.shape
     if lm_head is None and cfg.matmul == "auto" and skinny_matmul.kernel_usable(embed, h.reshape(b * t, d), True):
@@ -428,8 +493,15 @@ class LM:
         return self if attention == self.cfg.attention else self.replace(cfg=self.cfg.replace(attention=attention))
 
     def with_matmul(self, matmul: str) -> LM:
-        """This model with its layers multiplying the `LMConfig.matmul` way ("auto" / "xla")."""
-        return self if matmul == self.cfg.matmul else self.replace(cfg=self.cfg.replace(matmul=matmul))
+        """This model with its layers multiplying the `LMConfig.matmul` way ("auto" / "xla" / "exact"). A
+        tensor-parallel model going into or out of "exact" has its o and down projections placed anew
+        (`exact_layout`)."""
+        if matmul == self.cfg.matmul:
+            return self
+        lm = self.replace(cfg=self.cfg.replace(matmul=matmul))
+        if (matmul == "exact") != (self.cfg.matmul == "exact"):
+            lm = exact_layout(lm, exact=matmul == "exact")
+        return lm
 
     def init_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.cfg
@@ -522,6 +594,42 @@ def serving_params(cfg: LMConfig, params: dict, groups: Groups = (1, 1)) -> LM:
                       for i in range(cfg.n_layers))
     return LM(embed=params["embed"], final_norm=params["final_norm"], lm_head=params.get("lm_head"),
               layers=per_layer, cfg=cfg, groups=groups)
+
+
+def exact_layout(lm: LM, exact: bool = True) -> LM:
+    """`lm` with the o and down projections of a tensor-parallel model cut on their output rows (`exact`), or back
+    on their inputs as `serving_layout` lays them. The exact mode's layout (`_exact_block`): a projection cut on its
+    input makes each device a partial sum of every output, which the fast mode adds across devices (an all-reduce
+    whose order is the collective's); cut on its output rows, each device computes whole dot products over the
+    gathered input, and no value depends on the mesh. The same bytes on every device either way. Arrays on a mesh
+    are moved (`jax.device_put`), abstract ones (`jax.ShapeDtypeStruct`, for lowering) given the new sharding; a
+    model on one device, or with its attention and MLP whole on every device, is returned as it is.
+    ValueError when the output rows (d_model) do not divide among the devices that cut the inputs."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if lm.groups == (1, 1):
+        return lm
+
+    def move(x):
+        s = getattr(x, "sharding", None)
+        if not isinstance(s, NamedSharding) or x.ndim != 2:
+            return x
+        spec = tuple(s.spec) + (None,) * (2 - len(s.spec))
+        cut = spec[1] if exact else spec[0]
+        if cut is None or spec[0 if exact else 1] is not None:  # whole, or already laid out so
+            return x
+        ways = int(np.prod([s.mesh.shape[a] for a in ((cut,) if isinstance(cut, str) else cut)]))
+        if exact and x.shape[0] % ways:
+            raise ValueError(f"the exact mode cuts the o and down projections' {x.shape[0]} output rows {ways} ways: "
+                             f"d_model must be a multiple of the tensor-parallel degree")
+        where = NamedSharding(s.mesh, P(cut, None) if exact else P(None, cut))
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where)
+        return jax.device_put(x, where)
+
+    layers_ = tuple({k: move(v) if k in ("o", "down") else v for k, v in p.items()} for p in lm.layers)
+    return lm.replace(layers=layers_)
 
 
 def serving_layout(cfg: LMConfig, params: dict) -> tuple[Groups, LM | None]:

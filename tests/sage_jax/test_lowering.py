@@ -87,7 +87,27 @@ def test_the_docs_show_the_exported_table(lowered):
 
 def test_cli_prints_the_memory_table(capsys):
     assert lowering.main(["--memory-table"]) == 0
-    assert paper_targets.table() in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert paper_targets.table() in out and lowering.EXACT_BYTES in out
+
+
+def test_cli_projects_the_exact_mode_beside_the_fast_mode(capsys):
+    """`--project v6e` prints the fast mode's table as before, then a row per pair in the exact mode: AR and SAGE
+    tokens/s in both modes and the exact mode's tax on each, its 65-row verify reading the weights once on a TPU."""
+    assert lowering.main(["--project", "v6e"]) == 0
+    fast, exact = capsys.readouterr().out.split("The exact mode")
+    assert "| AR tok/s |" in fast and "exact" not in fast
+    rows = [line for line in exact.splitlines() if line.startswith("| ") and "8 x v6e" in line]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == list(PAIRS)
+    assert "exact tax: AR / SAGE" in exact
+    for r in rows:
+        cells = r.split(" | ")
+        ar, sage = (tuple(float(x) for x in cells[i].split(" / ")) for i in (2, 3))
+        tax_ar, tax_sage = (float(x.rstrip("%")) for x in cells[4].split(" / "))
+        assert ar[1] <= ar[0] and sage[1] <= sage[0] < 1e3
+        assert tax_ar == pytest.approx(100 * (1 - ar[1] / ar[0]), abs=0.2)
+        assert tax_sage == pytest.approx(100 * (1 - sage[1] / sage[0]), abs=0.2)
+        assert cells[5].startswith("1, 5, ")  # a 65-row verify: one weight read (128-row tiles), 5 KV reads
 
 
 def test_cli_reports_bad_meshes_in_one_line(capsys):

@@ -2,6 +2,7 @@
 step costs, the chips' published figures, and the budget chooser on a modelled accelerator."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import pytest
 from sage_jax.decoding import budget, cost_model, widths
 from sage_jax.decoding.policies import TreePolicy
 from sage_jax.io import paper_targets
+from sage_jax.models.config import LMConfig
 from sage_jax.models.visibility import Visibility
 
 CAPACITY = 256
@@ -91,6 +93,8 @@ def test_published_chips_and_device_kinds():
     assert cost_model.chip_for("NVIDIA H100 80GB HBM3", chips) is chips["h100"]
     assert cost_model.chip_for("NVIDIA H200", chips) is chips["h200"]
     assert cost_model.chip_for("cpu", chips) is None
+    assert {n: c.kind for n, c in chips.items()} == {
+        "v4": "tpu", "v5e": "tpu", "v5p": "tpu", "v6e": "tpu", "h100": "gpu", "h200": "gpu", "h20": "gpu"}
 
 
 def _paper_pair():
@@ -114,6 +118,96 @@ def test_a_72b_verify_is_flat_on_a_tpu_and_steep_on_a_cpu_like_chip():
     cpu_like = dataclasses.replace(v6e, flops=100e9, bandwidth=20e9, efficiency=(1.0, 1.0))
     cpu_one = cost_model.forward_cost(target, 1, cpu_like, tp=8, context=8192).seconds
     assert cost_model.forward_cost(target, 65, cpu_like, tp=8, context=8192).seconds > 4 * cpu_one
+
+
+def test_the_exact_mode_is_never_cheaper_than_the_fast_mode():
+    """On every published chip, one chip or eight, each forward of the paper's pair (a plain step, a draft level, a
+    verify) and each SAGE step cost at least as much in the exact mode as in the fast mode, and so do the
+    projected AR and SAGE steps."""
+    target, draft = _paper_pair()
+    pol = TreePolicy.sage()
+    for chip in cost_model.published().values():
+        for tp in (1, 8):
+            for arch in (target, draft):
+                for width in (1, 2, 16, 17, 65, 128, 129, 1024):
+                    for verify in (False, True):
+                        kw = dict(tp=tp, context=8192, verify=verify)
+                        fast = cost_model.forward_cost(arch, width, chip, **kw)
+                        exact = cost_model.forward_cost(arch, width, chip, matmul="exact", **kw)
+                        assert exact.seconds >= fast.seconds, (chip.name, tp, width, verify, exact, fast)
+                        assert exact.flops >= fast.flops and exact.bytes >= fast.bytes
+            kw = dict(nodes=pol.n_max, depth=pol.d_cap, frontier=pol.frontier, tp=tp, context=8192)
+            assert (cost_model.sage_step_seconds(target, draft, chip, matmul="exact", **kw)
+                    >= cost_model.sage_step_seconds(target, draft, chip, **kw))
+        for name in ("qwen2.5-vl-72b+7b", "llava-ov-72b+7b"):
+            fast, exact = (cost_model.project(paper_targets.presets()[name], chip, tp=8, matmul=m)
+                           for m in ("xla", "exact"))
+            assert exact.ar_tok_s <= fast.ar_tok_s and exact.paper_tok_s <= fast.paper_tok_s
+
+
+def test_an_exact_verify_reads_the_weights_once_per_row_tile():
+    """A verify of the 72B target in the exact mode reads every weight once per tile of rows (TPU and GPU: 128)
+    and the KV cache once per tile of 16 queries: at 65 rows, the weights once and the cache 5 times; at 129 rows
+    the weights twice. The bytes are the fast mode's plus exactly those extra reads."""
+    from pallas_kernels.row_tiled_matmul import GPU_ROWS, TPU_ROWS
+
+    assert TPU_ROWS == GPU_ROWS == 128
+    target, _ = _paper_pair()
+    c = target.lm
+    weights = target.params * target.weight_bytes
+    kv = 8192 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * target.cache_bytes  # one read of the sequence's cache
+    for name, reads in (("v6e", 1), ("h100", 1)):
+        chip = cost_model.published()[name]
+        fast = cost_model.forward_cost(target, 65, chip, tp=8, context=8192, verify=True)
+        exact = cost_model.forward_cost(target, 65, chip, tp=8, context=8192, verify=True, matmul="exact")
+        assert (exact.weight_reads, exact.kv_reads) == (reads, 5) and (fast.weight_reads, fast.kv_reads) == (1, 1)
+        assert exact.bytes - fast.bytes == pytest.approx((reads - 1) * weights + 4 * kv, rel=1e-12)
+    h100 = cost_model.published()["h100"]
+    assert cost_model.forward_cost(target, 65, h100, tp=8, matmul="exact").bound == "memory"
+    assert cost_model.forward_cost(target, 128, h100, tp=8, matmul="exact").weight_reads == 1
+    assert cost_model.forward_cost(target, 129, h100, tp=8, matmul="exact").weight_reads == 2
+
+
+def _small(**kw) -> cost_model.Arch:
+    cfg = dict(vocab_size=1000, d_model=256, n_layers=2, n_heads=8, n_kv_heads=8, head_dim=32, mlp_dim=512)
+    return cost_model.Arch.of(LMConfig(**{**cfg, **kw}), "bfloat16")
+
+
+def test_exact_flops_by_hand():
+    """A 3-row verify of 2 sequences on a GPU in the exact mode: the matmuls on 6 rows padded to one 128-row tile,
+    attention on each sequence's 3 queries padded to a tile of 16, and per query, layer and kv head 2 mixed blocks
+    x 2 dots x 2 x (16 queries x G heads) x 128 slots x H; a draft level (no verify) has no mixed blocks."""
+    arch = _small(n_kv_heads=4)  # G = 2
+    h100 = cost_model.published()["h100"]
+    kw = dict(batch=2, context=300, matmul="exact")
+    level = cost_model.forward_cost(arch, 3, h100, **kw)
+    verify = cost_model.forward_cost(arch, 3, h100, verify=True, **kw)
+    assert level.flops == 2 * 128 * arch.params + 4 * (2 * 16) * 300 * 8 * 32 * 2
+    assert verify.flops - level.flops == 6 * 2 * 4 * (2 * 2 * 2 * (16 * 2) * 128 * 32)
+
+
+def test_collectives_by_hand():
+    """One chip: no collective in either mode. Eight: the fast mode all-reduces attention's and the MLP's outputs
+    [rows, D] per layer; the exact mode all-gathers attention's output [rows, N H], the o projection's [rows, D],
+    the MLP's activation [rows, F] and the down projection's [rows, D], each (tp - 1) / tp of it over the link in
+    tp - 1 hops. With heads that 8 does not divide, attention runs whole on every chip: no collective for it in
+    either mode."""
+    v6e = cost_model.published()["v6e"]
+    free = dataclasses.replace(v6e, flops=math.inf, bandwidth=math.inf, overhead_s=0.0)  # time = collectives
+    rows, layers, d, f, nh = 2 * 3, 2, 256, 512, 8 * 32
+    for arch, fast_arrays, exact_arrays in ((_small(), [d, d], [nh, d, f, d]),
+                                            (_small(n_heads=4, n_kv_heads=2), [d], [f, d])):
+        for matmul in ("xla", "exact"):
+            one = cost_model.forward_cost(arch, 3, free, batch=2, matmul=matmul)
+            assert one.collective_bytes == 0 and one.seconds == 0
+        fast = cost_model.forward_cost(arch, 3, free, batch=2, tp=8)
+        exact = cost_model.forward_cost(arch, 3, free, batch=2, tp=8, matmul="exact")
+        assert fast.collective_bytes == layers * rows * sum(fast_arrays) * 2
+        assert exact.collective_bytes == layers * rows * sum(exact_arrays) * 2
+        assert fast.seconds == pytest.approx(2 * 7 / 8 * fast.collective_bytes / v6e.link
+                                             + layers * len(fast_arrays) * 2 * 7 * v6e.hop_latency_s)
+        assert exact.seconds == pytest.approx(7 / 8 * exact.collective_bytes / v6e.link
+                                              + layers * len(exact_arrays) * 7 * v6e.hop_latency_s)
 
 
 def _decaying_acceptance(pol: TreePolicy) -> budget.AcceptanceStats:

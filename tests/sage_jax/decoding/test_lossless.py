@@ -218,6 +218,31 @@ def _exact_bf16_matches_ar(prompts: list[str], max_new_tokens: int):
     assert steps_sage < steps_ar / 1.5  # the trees were accepted deep, not only at their roots
 
 
+def test_real_smollm2_bf16_exact_is_the_same_on_2_and_4_way_meshes(devices):
+    """The real SmolLM2 with its shipped head in bfloat16, full trees, on a prompt where XLA's dot makes SAGE leave
+    AR (at token 17, `EVAL_PROMPTS[9]`): in the exact mode SAGE equals AR, and both equal the one-device exact
+    tokens, with the target cut 2 and 4 ways (its MLP; 9 query / 3 kv heads leave attention whole on each device)."""
+    from configs import sharding
+    from sage_jax.engine import load_engine
+    from sage_jax.prompts import EVAL_PROMPTS
+
+    prompt, n = EVAL_PROMPTS[9][1], 20
+    fast = load_engine(dtype="bfloat16", matmul="xla")
+    ids = [fast.encode(prompt)]
+    ar = fast.generate(ids, policy="ar", max_new_tokens=n)
+    assert fast.generate(ids, policy="sage", budget=None, max_new_tokens=n).token_ids != ar.token_ids
+    one = load_engine(dtype="bfloat16", matmul="exact")
+    want = one.generate(ids, policy="ar", max_new_tokens=n).token_ids
+    assert one.generate(ids, policy="sage", budget=None, max_new_tokens=n).token_ids == want
+    for ways in (2, 4):
+        placed = load_engine(dtype="bfloat16", matmul="exact",
+                             mesh=sharding.make_mesh(data=1, model=ways, devices=devices[:ways]))
+        assert placed.target_lm.groups == (1, ways)
+        for policy in ("ar", "sage"):
+            got = placed.generate(ids, policy=policy, budget=None, max_new_tokens=n)
+            assert got.token_ids == want, (ways, policy)
+
+
 # The default suite checks the mode's mechanism on the real SmolLM2 forward (tests/sage_jax/models/test_exact_mode.py).
 @pytest.mark.integration
 def test_real_smollm2_bf16_exact_sage_matches_ar_on_24_prompts():

@@ -15,13 +15,21 @@ FAMILIES = {"llama": dict(qkv_bias=False, tie_embeddings=True),
             "qwen2_5_vl": dict(rope=dict(mrope_section=(4, 2, 2)))}
 
 
-def _exact_lm(tiny_lm, family, dtype="bfloat16", seed=0):
+def _exact_lm(tiny_lm, family, dtype="bfloat16", seed=0, mesh=None):
+    """A tiny LM of `family` in serving form, `dtype`, exact mode; placed on `mesh` by the inference rules when
+    given (4 query / 2 kv heads, MLP 128, D 64: a 2-way mesh cuts heads and MLP, a 4- or 8-way one the MLP only)."""
+    from configs import sharding
     from sage_jax.models.config import RopeConfig
 
     kw = dict(FAMILIES[family])
     if "rope" in kw:
         kw["rope"] = RopeConfig(**kw["rope"])
-    lm = tiny_lm(seed, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128, n_layers=2, **kw).serving()
+    make = lambda: tiny_lm(seed, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128, n_layers=2, **kw)  # noqa: E731
+    if mesh is None:
+        lm = make().serving()
+    else:
+        with sharding.use(mesh, "inference"):
+            lm = sharding.init_sharded(make).serving()
     lm = jax.tree.map(lambda x: x.astype(dtype) if x.dtype == jnp.float32 else x, lm)
     return lm.replace(cfg=lm.cfg.replace(dtype=dtype, param_dtype=dtype)).with_matmul("exact")
 
@@ -169,3 +177,52 @@ def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
     hidden, _ = jax.jit(lambda lm, c: lm.forward(tokens[:, 1:2], jnp.full((1, 1), p, jnp.int32), child, c,
                                                  jnp.full((1,), p, jnp.int32)))(lm, committed)
     np.testing.assert_array_equal(np.asarray(lm.head(hidden))[0, 0], np.asarray(tree[1]))
+
+
+@pytest.mark.parametrize("family,ways,groups", [("llama", 2, (2, 2)), ("qwen2", 2, (2, 2)), ("qwen2_5_vl", 2, (2, 2)),
+                                                ("qwen2", 8, (1, 8))])
+def test_a_verified_tree_has_the_same_bits_on_every_mesh(tiny_lm, devices, family, ways, groups):
+    """A prefill and a 7-node tree's verify on a `ways`-way tensor-parallel mesh (heads and MLP cut, or the MLP
+    only) give the one-device exact logits bit for bit, with no all-reduce in the layers (each matmul whole on one
+    device, its input gathered); XLA's dot on the same mesh does not give its one-device bits (so the test can
+    fail), and it all-reduces twice a layer."""
+    import re
+
+    from configs import sharding
+
+    rng = np.random.default_rng(4)
+    p, capacity, b = 9, 40, 2
+    prompt = jnp.asarray(rng.integers(2, 96, (b, p)), jnp.int32)
+    parent = [-1, 0, 0, 1, 2, 2, 3]
+    anc = np.eye(7, dtype=bool)
+    for i, par in enumerate(parent):
+        if par >= 0:
+            anc[i] |= anc[par]
+    depth = anc.sum(1) - 1
+    tokens = jnp.asarray(rng.integers(2, 96, (b, 7)), jnp.int32)
+
+    def run(lm):
+        cache = lm.init_cache(b, capacity)
+        vis = Visibility.chain(jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32), p)
+        pos = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+        _, cache = lm.forward(prompt, _positions(family, pos), vis, cache, jnp.zeros((b,), jnp.int32))
+        vis = Visibility(pad=jnp.zeros((b,), jnp.int32), start=jnp.full((b,), p, jnp.int32),
+                         window=jnp.broadcast_to(jnp.asarray(anc), (b, 7, 7)))
+        pos = jnp.broadcast_to(jnp.asarray(p + depth, jnp.int32), (b, 7))
+        hidden, _ = lm.forward(tokens, _positions(family, pos), vis, cache, jnp.full((b,), p, jnp.int32), write=False)
+        return lm.head(hidden)
+
+    one = _exact_lm(tiny_lm, family, seed=5)
+    want, want_xla = (np.asarray(jax.jit(run)(lm)) for lm in (one, one.with_matmul("xla")))
+    mesh = sharding.make_mesh(data=1, model=ways, devices=devices[:ways])
+    placed = _exact_lm(tiny_lm, family, seed=5, mesh=mesh)
+    assert placed.groups == groups
+    count = lambda hlo, op: len(re.findall(rf"= \S+ {op}(-start)?\(", hlo))  # noqa: E731
+    with sharding.use(mesh, "inference"):
+        exact = jax.jit(run).lower(placed).compile()
+        fast = jax.jit(run).lower(placed.with_matmul("xla")).compile()
+        got, got_xla = np.asarray(exact(placed)), np.asarray(fast(placed.with_matmul("xla")))
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got_xla, want_xla)
+    assert count(exact.as_text(), "all-reduce") == 0 < count(exact.as_text(), "all-gather")
+    assert count(fast.as_text(), "all-reduce") >= 1

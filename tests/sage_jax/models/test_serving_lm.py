@@ -79,7 +79,9 @@ def test_forward_without_write_sees_the_same_and_returns_the_rows_it_would_write
     positions = jnp.broadcast_to(p + jnp.minimum(jnp.arange(t), 1), (b, t))
     h_w, written = serve.forward(tokens, positions, mask, cache, start)
     h_n, rows = serve.forward(tokens, positions, mask, cache, start, write=False)
-    np.testing.assert_allclose(h_n, h_w, rtol=1e-5, atol=1e-5)
+    # The two forwards add the same float32 terms in different orders (one softmax over cache and new keys kept
+    # apart): about 1e-5 apart on some CPUs.
+    np.testing.assert_allclose(h_n, h_w, rtol=1e-5, atol=5e-5)
     assert rows.k.shape == rows.v.shape == (serve.n_layers, b, t, cfg.n_kv_heads, cfg.head_dim)
     for c_new, r in zip(written.k + written.v, tuple(rows.k) + tuple(rows.v)):
         for i in range(b):
