@@ -2,7 +2,7 @@
 prefill and decode loop of a 72B vision-language target with its 7B draft, on abstract weights placed on an abstract
 mesh by the inference rules. Nothing is allocated, so a CPU finds here the sharding and shape errors a TPU would.
 
-    python -m sage_jax.lowering [--preset qwen2.5-vl-72b+7b ...] [--mesh 2x8 ...] [--layers N]
+    python -m sage_jax.lowering [--preset qwen2.5-vl-72b+7b ...] [--mesh 2x8 ...] [--layers N] [--matmul exact]
     python -m sage_jax.lowering --memory-table
     python -m sage_jax.lowering --project v6e [--tp 8] [--context 8192]
 
@@ -125,13 +125,16 @@ class Lowered:
 
 
 def lower(preset: paper_targets.TpuPreset, data: int, model: int, *, layers: int = 0, shape: Shape = Shape(),
-          policy: TreePolicy | None = None) -> Lowered:
-    """Exports `preset`'s speculative prefill and decode loop for a data x model TPU mesh (module docstring)."""
+          policy: TreePolicy | None = None, matmul: str = "auto") -> Lowered:
+    """Exports `preset`'s speculative prefill and decode loop for a data x model TPU mesh (module docstring), its
+    models multiplying the `matmul` way (`LMConfig.matmul`; "exact": the shape-invariant mode, laid out and run as
+    `serving_lm.exact_layout` and `_exact_block` say, with its Mosaic kernels)."""
     if preset.draft is None:
         raise ValueError(f"preset {preset.name} has no draft")
     m = mesh(data, model)
     cfg_t, lm_t = abstract_lm(preset.target, m, layers)
     cfg_d, lm_d = abstract_lm(preset.draft, m, layers)
+    lm_t, lm_d = lm_t.with_matmul(matmul), lm_d.with_matmul(matmul)
     b = shape.batch or data
     policy = policy or TreePolicy.sage()
     run = spec.SpecConfig(policy=policy, prompt_len=shape.prompt_len, max_new_tokens=shape.max_new_tokens,
@@ -287,6 +290,9 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--project", metavar="CHIP", choices=sorted(paper_targets.chips()),
                    help="print instead the cost model's tokens/s of AR and SAGE for the paper's pairs on CHIP "
                    "(sage_jax.decoding.cost_model), beside the paper's own figures, then in the exact mode, and exit")
+    p.add_argument("--matmul", choices=("auto", "exact"), default="auto",
+                   help="export the fast mode (auto, default) or the exact mode: speculative output equal to plain "
+                   "decoding bit for bit, its layers laid out with no sum across chips")
     p.add_argument("--tp", type=cli.integer(1, 4096), default=8, metavar="N",
                    help="--project: chips per pair, tensor-parallel "
                    "(default 8)")
@@ -316,7 +322,8 @@ def _main(argv: list[str] | None) -> int:
     for name in args.preset or pairs:
         for d, m in meshes:
             with cli.reported(ValueError):
-                rows.append(lower(paper_targets.presets()[name], d, m, layers=args.layers, shape=shape))
+                rows.append(lower(paper_targets.presets()[name], d, m, layers=args.layers, shape=shape,
+                                  matmul=args.matmul))
     print(f"GiB per chip, bf16: the language models' weights and KV caches as the exported decode loop takes them "
           f"(one row per data replica, a {shape.prompt_len}-token prompt, the draft's pruned to "
           f"{shape.draft_prompt_len}, {shape.max_new_tokens} new tokens); the vision towers (their own program) by "

@@ -57,6 +57,10 @@ def prefill(model: LM, tokens: Int[Array, "B T"], pad: Int[Array, " B"], cache: 
     `LM.forward`). With `media`, the model reads its embeddings and positions instead of the tokens'."""
     positions, mask = prompt_layout(tokens, pad, cache.capacity)
     zeros = jnp.zeros(tokens.shape[:1], jnp.int32)
+    if model.cfg.matmul == "exact":  # the same visibility, as the exact mode's fixed-order kernel reads it
+        u = jnp.arange(tokens.shape[1])
+        mask = Visibility(pad=pad, start=zeros, window=(u[None, None, :] <= u[None, :, None])
+                          & (u[None, None, :] >= pad[:, None, None]))
     if media is None:
         return model.forward(tokens, positions, mask, cache, zeros, probe=probe, taps=taps)
     return model.forward(None, media.positions, mask, cache, zeros, embeddings=media.embeddings.astype(

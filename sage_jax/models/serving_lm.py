@@ -543,8 +543,12 @@ class LM:
             return (x, None, _concat(tapped, taps)) if taps else (x, None)
         if cache.n_layers != self.n_layers:
             raise ValueError(f"cache has {cache.n_layers} layers, the model {self.n_layers}")
-        # Once for all layers; a probe reads the dense mask of its rows.
-        mask = resolve_mask(self.cfg, mask, cache.capacity) if probe is None else _dense(mask, cache.capacity)
+        # Once for all layers.
+        # A probe reads the dense mask of its rows; the layers read it too, but in the exact mode, whose fixed-order
+        # kernel takes the `Visibility` (a prefill would otherwise attend one query at a time).
+        dense = _dense(mask, cache.capacity) if probe is not None else None
+        exact_kernel = self.cfg.matmul == "exact" and isinstance(mask, Visibility)
+        mask = resolve_mask(self.cfg, mask, cache.capacity) if probe is None or exact_kernel else dense
         mask_new = None
         if not write and not isinstance(mask, Visibility) and self.cfg.matmul != "exact":
             mask, mask_new = split_mask(mask, write_pos)
@@ -553,8 +557,8 @@ class LM:
         if probe is not None:
             take = lambda a: jnp.take_along_axis(  # noqa: E731
                 a, probe.rows.reshape(probe.rows.shape + (1,) * (a.ndim - 2)), axis=1)
-            p_pos, p_mask = take(positions), take(mask)
-            score = jnp.zeros(mask.shape[::2], jnp.float32)
+            p_pos, p_mask = take(positions), take(dense)
+            score = jnp.zeros(dense.shape[::2], jnp.float32)
         for i, (p, k_l, v_l) in enumerate(zip(self.layers, cache.k, cache.v, strict=True)):  # unrolled
             x_in = x
             if i in taps:

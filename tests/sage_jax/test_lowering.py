@@ -18,7 +18,8 @@ PAIRS = ("qwen2.5-vl-72b+7b", "llava-ov-72b+7b")
 @pytest.fixture(scope="module")
 def lowered():
     """{(preset, mesh name): Lowered}, the whole models (80 + 28 layers; about 15 s each here), hence -m integration
-    for the tests that use it; the default suite lowers one 72B layer (tests/configs/test_paper_targets.py)."""
+    for the tests that use it; the default suite lowers one real-sized layer of each model in the exact mode
+    (`test_one_exact_layer_lowers_for_8_chips_without_a_sum_across_them`)."""
     return {(name, mesh): lowering.lower(paper_targets.presets()[name], *shape, layers=0)
             for name in PAIRS for mesh, shape in lowering.MESHES.items()}
 
@@ -123,3 +124,42 @@ def test_two_exported_layers_scale_to_the_full_programs_bytes(lowered):
     bytes as the whole programs."""
     two = lowering.lower(paper_targets.presets()["qwen2.5-vl-72b+7b"], 2, 8, layers=2)
     assert two.bytes_per_chip == pytest.approx(lowered[("qwen2.5-vl-72b+7b", "4x4")].bytes_per_chip, rel=1e-9)
+
+
+def _exact_checks(r: lowering.Lowered, data: int):
+    """The exact mode's programs for a data x 8 mesh: no all-reduce anywhere (nothing is summed across chips), the
+    layers' outputs all-gathered, every attention the fixed-order kernel's, the o and down projections cut on their
+    output rows (the target's heads are cut; the 7B draft's 28 heads are not, so only its down projection moves)."""
+    for exp in (r.prefill, r.decode):
+        text = exp.mlir_module()
+        assert exp.platforms == ("tpu",) and exp.nr_devices == data * 8
+        assert "all_reduce" not in text and "all_gather" in text
+        assert "exact_attention_tpu" in text and "row_tiled_matmul_tpu" in text
+    text = r.decode.mlir_module()
+
+    def spec(path):
+        return re.search(rf'sharding<@mesh, \[([^\]]*)\]>[^%]*loc\("{re.escape(path)}"\)', text)[1]
+
+    for w in ("qkv", "o", "gate_up", "down"):
+        assert spec(f"lm_t.layers[0]['{w}']") == '{"model"}, {}'
+    assert spec("lm_d.layers[0]['o']") == "{}, {}" and spec("lm_d.layers[0]['down']") == '{"model"}, {}'
+
+
+def test_one_exact_layer_lowers_for_8_chips_without_a_sum_across_them():
+    """One real-sized layer of Qwen2.5-VL-72B and of its 7B draft, the exact mode's prefill and decode loop exported
+    for 8 TPU chips (`lowering.lower(..., matmul="exact")`); its bytes per chip are the fast mode's."""
+    preset = paper_targets.presets()["qwen2.5-vl-72b+7b"]
+    r = lowering.lower(preset, 1, 8, layers=1, matmul="exact")
+    _exact_checks(r, 1)
+    fast = lowering.per_chip_inputs(lowering.lower(preset, 1, 8, layers=1).decode)
+    assert lowering.per_chip_inputs(r.decode) == fast
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", PAIRS)
+def test_the_paper_pairs_export_in_the_exact_mode_for_8_chip_meshes(name):
+    """Both 72B + 7B pairs whole (80 + 28 layers), the exact mode, a 2 x 8 mesh (each replica's target and draft
+    cut 8 ways), at the fast mode's bytes per chip."""
+    r = lowering.lower(paper_targets.presets()[name], 2, 8, matmul="exact")
+    _exact_checks(r, 2)
+    assert r.bytes_per_chip == pytest.approx(lowering.lower(paper_targets.presets()[name], 2, 8).bytes_per_chip)
