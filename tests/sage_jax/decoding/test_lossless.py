@@ -218,10 +218,12 @@ def _exact_bf16_matches_ar(prompts: list[str], max_new_tokens: int):
     assert steps_sage < steps_ar / 1.5  # the trees were accepted deep, not only at their roots
 
 
+@pytest.mark.integration
 def test_real_smollm2_bf16_exact_is_the_same_on_2_and_4_way_meshes(devices):
     """The real SmolLM2 with its shipped head in bfloat16, full trees, on a prompt where XLA's dot makes SAGE leave
     AR (at token 17, `EVAL_PROMPTS[9]`): in the exact mode SAGE equals AR, and both equal the one-device exact
-    tokens, with the target cut 2 and 4 ways (its MLP; 9 query / 3 kv heads leave attention whole on each device)."""
+    tokens, with the target cut 2 and 4 ways (its MLP; 9 query / 3 kv heads leave attention whole on each device).
+    About 10 minutes here, nearly all of it compiling the exact mode's loops (SAGE's: about 130 s each)."""
     from configs import sharding
     from sage_jax.engine import load_engine
     from sage_jax.prompts import EVAL_PROMPTS
