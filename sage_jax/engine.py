@@ -215,6 +215,10 @@ class Engine:
         # trees it will build, quicker to load and to run, but one more compile whenever the pick changes. For a
         # command that serves one request (`python -m sage_jax.generate`); servers keep one program per policy.
         self.fit_budget = False
+        # Width buckets of the speculative loops (`SpecConfig.bucket_ratio`): each is one more compiled copy of a
+        # forward, which pays where a forward's cost grows with its rows (a CPU); 1 compiles one copy of each (a
+        # verify always at its tree's full width: where the cost is flat, on an accelerator, nothing is lost).
+        self.bucket_ratio = spec.SpecConfig.bucket_ratio
         # Where compiled loops are kept for later processes (`executables.Store`; None: not kept). Single device only.
         self.executables: executables.Store | None = None
         self._choosers: dict[tuple, budget_lib.BudgetChooser] = {}
@@ -423,8 +427,9 @@ class Engine:
         """The static config of a batch (prompt buckets, for a pruned draft its own), the left-padded tokens and
         padding, and the batch's `Media` (None for text)."""
         ids = batch.ids
+        buckets = {} if policy == "ar" else {"bucket_ratio": self.bucket_ratio}
         cfg = run_config(policy, max(len(p) for p in ids), max_new_tokens, sampling=self.sampling,
-                         eos_ids=tuple(self.cfg.eos_token_ids), pad_id=self.cfg.pad_token_id)
+                         eos_ids=tuple(self.cfg.eos_token_ids), pad_id=self.cfg.pad_token_id, **buckets)
         tokens, pad = self._left_padded(ids, cfg.prompt_len, self.cfg.pad_token_id)
         if batch.vision is None:
             return cfg, tokens, pad, None

@@ -185,10 +185,10 @@ def _exact_matmul(x: Float[Array, "M D"], w: Float[Array, "E D"] | Float[Array, 
     return row_tiled_matmul(x, w, w_layout=w_layout)
 
 
-#: The logical names a tensor-parallel exact layer's arrays are cut by, given its `Groups` (`_exact_block`): heads
-#: (and, in the exact layout, the output rows of the o projection) as the fused qkv rows are, the MLP's columns (and
-#: the down projection's output rows) as the fused gate|up rows are.
 def _exact_names(groups: Groups) -> tuple[str | None, str | None]:
+    """The logical names a tensor-parallel exact layer's arrays are cut by, given its `Groups` (`_exact_block`): the
+    heads (and, laid out by `exact_layout`, the o projection's output rows) as the fused qkv rows are, the MLP's
+    columns (and the down projection's output rows) as the fused gate|up rows are; None where nothing is cut."""
     return ("heads" if groups[0] > 1 else None), ("mlp" if groups[1] > 1 else None)
 
 

@@ -134,6 +134,19 @@ def test_tiny_on_a_tensor_parallel_mesh(tiny_target, cli_env):
     assert "on the mesh {'data': 1, 'fsdp': 1, 'model': 2}" in proc.stderr
 
 
+@pytest.mark.integration
+def test_exact_mode_on_a_tensor_parallel_mesh(tiny_target, cli_env):
+    """--matmul exact --mesh model=2 --dtype bfloat16 (no refusal): SAGE's tokens are the one-device exact AR's."""
+    common = ["--target", tiny_target, "--draft-layers", "1", "--max-new-tokens", "8", "--json", "--prompt", "tree",
+              "--matmul", "exact", "--dtype", "bfloat16"]
+    ar = _json(_cli(cli_env, *common, "--policy", "ar"))
+    two = {**cli_env, "XLA_FLAGS": cli_env["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2"}
+    proc = _cli(two, *common, "--mesh", "model=2", "--budget", "static")
+    out = _json(proc)
+    assert out["policy"] == "sage" and out["token_ids"] == ar["token_ids"]
+    assert "on the mesh {'data': 1, 'fsdp': 1, 'model': 2}" in proc.stderr
+
+
 @pytest.fixture(scope="session")
 def other_vocab(tmp_path_factory):
     return _tiny_llama(tmp_path_factory.mktemp("other_vocab"), 200)

@@ -47,7 +47,8 @@ def _prefilled(lm, family, prompt, capacity):
     return cache
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [pytest.param("llama", marks=pytest.mark.integration),
+                                    pytest.param("qwen2", marks=pytest.mark.integration), "qwen2_5_vl"])
 def test_a_row_has_the_same_bits_at_1_2_7_and_64_rows(tiny_lm, family):
     lm = _exact_lm(tiny_lm, family)
     rng = np.random.default_rng(1)
@@ -179,8 +180,10 @@ def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
     np.testing.assert_array_equal(np.asarray(lm.head(hidden))[0, 0], np.asarray(tree[1]))
 
 
-@pytest.mark.parametrize("family,ways,groups", [("llama", 2, (2, 2)), ("qwen2", 2, (2, 2)), ("qwen2_5_vl", 2, (2, 2)),
-                                                ("qwen2", 8, (1, 8))])
+@pytest.mark.parametrize("family,ways,groups", [
+    pytest.param("llama", 2, (2, 2), marks=pytest.mark.integration),
+    pytest.param("qwen2", 2, (2, 2), marks=pytest.mark.integration),
+    ("qwen2_5_vl", 2, (2, 2)), ("qwen2", 8, (1, 8))])
 def test_a_verified_tree_has_the_same_bits_on_every_mesh(tiny_lm, devices, family, ways, groups):
     """A prefill and a 7-node tree's verify on a `ways`-way tensor-parallel mesh (heads and MLP cut, or the MLP
     only) give the one-device exact logits bit for bit, with no all-reduce in the layers (each matmul whole on one
