@@ -34,6 +34,16 @@ def _exact_lm(tiny_lm, family, dtype="bfloat16", seed=0, mesh=None):
     return lm.replace(cfg=lm.cfg.replace(dtype=dtype, param_dtype=dtype)).with_matmul("exact")
 
 
+def _tree(parent: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A tree's [N, N] ancestor mask (each node sees itself and its ancestors) and depths, from its parents (root -1,
+    parents before children)."""
+    anc = np.eye(len(parent), dtype=bool)
+    for i, par in enumerate(parent):
+        if par >= 0:
+            anc[i] |= anc[par]
+    return anc, anc.sum(1) - 1
+
+
 def _positions(family, pos):
     return jnp.stack([pos, pos, pos], -1) if family == "qwen2_5_vl" else pos
 
@@ -152,12 +162,7 @@ def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
     lm = lm.with_matmul("exact")
     prompt = jnp.asarray([tok.encode("The capital of France is")], jnp.int32)
     p = prompt.shape[1]
-    parent = [-1, 0, 0, 1, 1, 2, 3]
-    anc = np.eye(7, dtype=bool)
-    for i, par in enumerate(parent):
-        if par >= 0:
-            anc[i] |= anc[par]
-    depth = anc.sum(1) - 1
+    anc, depth = _tree([-1, 0, 0, 1, 1, 2, 3])
     tokens = jnp.asarray([[int(prompt[0, -1]), 12366, 3456, 314, 260, 1341, 28]], jnp.int32)
     cache = _prefilled(lm, "llama", prompt[:, :-1], 64)
     start = jnp.full((1,), p - 1, jnp.int32)
@@ -196,12 +201,7 @@ def test_a_verified_tree_has_the_same_bits_on_every_mesh(tiny_lm, devices, famil
     rng = np.random.default_rng(4)
     p, capacity, b = 9, 40, 2
     prompt = jnp.asarray(rng.integers(2, 96, (b, p)), jnp.int32)
-    parent = [-1, 0, 0, 1, 2, 2, 3]
-    anc = np.eye(7, dtype=bool)
-    for i, par in enumerate(parent):
-        if par >= 0:
-            anc[i] |= anc[par]
-    depth = anc.sum(1) - 1
+    anc, depth = _tree([-1, 0, 0, 1, 2, 2, 3])
     tokens = jnp.asarray(rng.integers(2, 96, (b, 7)), jnp.int32)
 
     def run(lm):
