@@ -181,9 +181,12 @@ class Engine:
             raise ValueError(f"prune must be one of {visual_pruning.METHODS}, got {prune!r}")
         self.prune = prune
         self.prune_ratio = media_batch.ratios(prune_ratio)
-        self.target = target
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
+        # A serving-form target is kept as the loops run it: tensor-parallel in the exact mode, its o and down
+        # projections are placed anew (`serving_lm.exact_layout`), and holding the old placement too would keep
+        # two copies of them on every device.
+        self.target = self._lm_t if isinstance(target, serving_lm.LM) else target
         serving_lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg
