@@ -183,10 +183,15 @@ class Engine:
         self.prune_ratio = media_batch.ratios(prune_ratio)
         # once: the loops never see the NNX modules
         self._lm_t = target.serving().with_attention(attention).with_matmul(matmul)
-        # A serving-form target is kept as the loops run it: tensor-parallel in the exact mode, its o and down
-        # projections are placed anew (`serving_lm.exact_layout`), and holding the old placement too would keep
-        # two copies of them on every device.
-        self.target = self._lm_t if isinstance(target, serving_lm.LM) else target
+        # A serving-form target is kept as the loops run it, and a VLM target with the language model the loops
+        # run: tensor-parallel in the exact mode, its o and down projections are placed anew
+        # (`serving_lm.exact_layout`), and holding the old placement too would keep two copies of them on every
+        # device.
+        if isinstance(target, serving_lm.LM):
+            target = self._lm_t
+        elif self.vision is not None and self._lm_t is not target.serving():
+            target = self.vision = target.with_serving(self._lm_t)
+        self.target = target
         serving_lm.prepare_matmul(self._lm_t.cfg)  # the skinny CPU kernel, built and loaded before the loops are traced
         self.attention, self.matmul = attention, matmul
         self.cfg = self._lm_t.cfg

@@ -67,6 +67,14 @@ class VisionLM:
             self._serving = self.module.lm.serving()
         return self._serving
 
+    def with_serving(self, serving) -> VisionLM:
+        """This model with `serving` as its language model's serving form (the same model, e.g. multiplying the
+        exact mode's way with its projections placed for it: `Engine`); the original keeps its own."""
+        out = VisionLM(self.module, self.tokenizer, processor_dir=self.processor_dir, source=self.source,
+                       serving=serving)
+        out._image_processor = self._image_processor
+        return out
+
     def embed(self, **inputs: Any) -> tuple[Float[Array, "B T D"], Int[Array, "B T ..."], np.ndarray]:
         """The language model's inputs for processor outputs: embeddings with the visual features spliced in,
         positions ([B, T, 3] M-RoPE for Qwen2.5-VL, [B, T] for LLaVA-OneVision) and the position delta [B] of the

@@ -159,6 +159,16 @@ def test_serving_load_holds_one_copy_of_the_language_model(hf_vlm, tmp_path):
     np.testing.assert_array_equal(np.asarray(one(**inputs)), np.asarray(full(**inputs)))
     np.testing.assert_array_equal(one.generate(max_new_tokens=4, **inputs), full.generate(max_new_tokens=4, **inputs))
     assert loader.load_vision_serving(path).serving().n_layers == 2  # an HF directory: read, then fused
+    # An exact engine on a tensor-parallel mesh serves through the o and down projections re-laid on their output
+    # rows (`serving_lm.exact_layout`), and its model holds them once; the caller's keeps its own.
+    from configs import sharding
+    from sage_jax.engine import Engine
+
+    placed = loader.load_vision_serving(out, mesh=sharding.make_mesh(data=1, model=2, devices=jax.devices()[:2]))
+    engine = Engine(placed, matmul="exact")
+    assert engine.target is engine.vision and engine.vision.serving() is engine.target_lm
+    o = engine.target_lm.layers[0]["o"]
+    assert o.sharding.spec[0] is not None and placed.serving().layers[0]["o"].sharding.spec[0] is None
 
 
 def test_bad_inputs_give_one_line_errors(hf_vlm, tmp_path, capsys):
