@@ -152,6 +152,8 @@ def test_the_exact_verify_forward_lowers_for_tpu_with_the_mosaic_matmul(tiny_lm)
     assert exp.mlir_module().count("tpu_custom_call") >= 5  # q|k|v, o, gate|up, down per layer, and the head
 
 
+# The default tier runs the real model end to end on meshes instead (decoding/test_lossless.py).
+@pytest.mark.integration
 def test_real_smollm2_rows_and_tree_nodes_are_exact_in_bfloat16(smollm2_path):
     """The real SmolLM2 in bf16, loaded as an engine loads it: a verify forward over a 7-node tree gives its root the
     bits of the one-row decode step, and its depth-1 node those of decoding that node after the root (the tiny models
