@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from sage_jax.decoding.sampling import SamplingConfig
     from sage_jax.engine import Engine, Generation, Stats, load_engine
     from sage_jax.io.loader import default_draft, default_target, default_vlm, load
+    from sage_jax.io.vision_lm import VisionLM
     from sage_jax.models.causal_lm import CausalLM
 
 

@@ -239,6 +239,12 @@ class Engine:
         """The target in serving form (`sage_jax.models.serving_lm.LM`): what the compiled loops run."""
         return self._lm_t
 
+    @property
+    def draft(self):
+        """The draft as the compiled loops run it: a draft model's serving form (`serving_lm.LM`), an EAGLE head
+        (`EagleWeights`), or None for a self-draft (the target's first layers, `draft_spec.n_layers`)."""
+        return self._lm_d
+
     def _placed(self):
         """The inference rules on the target's mesh (nothing without one): where the loops are traced, so that the
         model code's sharding constraints (`configs.sharding.shard`, `map_shards`) resolve on that mesh."""

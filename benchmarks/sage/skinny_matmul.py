@@ -70,7 +70,7 @@ def model_rows(rounds: int, capacity: int = 274) -> dict[str, list[float]]:
     engine = sage_jax.load_engine()
     calls = []
     for m in ("auto", "xla"):  # the chooser's own timed calls, both variants in the same interleaved rounds
-        calls += profile_calls(engine.target_lm.with_matmul(m), engine._lm_d.with_matmul(m), engine.draft_spec,
+        calls += profile_calls(engine.target_lm.with_matmul(m), engine.draft.with_matmul(m), engine.draft_spec,
                                capacity, WIDTHS, (1, 4))
     ms = [m / LOOP_STEPS for m in time_all(calls, rounds)]  # ms per step
     n = len(calls) // 2

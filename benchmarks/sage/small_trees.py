@@ -27,7 +27,7 @@ def teacher_forced_agreement(engine) -> tuple[float, dict[str, float]]:
     from sage_jax.models import eagle_head
     from sage_jax.prompts import EVAL_PROMPTS
 
-    t, d = engine.target_lm, engine._lm_d
+    t, d = engine.target_lm, engine.draft
 
     @jax.jit
     def argmaxes(t, d, ids):

@@ -102,7 +102,7 @@ def step_trees(engine: Engine, prompt: str | Sequence[int], *, policy: str | Tre
     alpha0 = np.full((1,), pol.alpha_init if alpha_init is None else alpha_init, np.float32)
     # The engine keeps its draft in serving form (an LM, an EAGLE head or None for a self-draft) without a public
     # name; it is what `Engine.generate` hands its compiled loop.
-    lm_t, lm_d = engine.target_lm, engine._lm_d
+    lm_t, lm_d = engine.target_lm, engine.draft
     prefill, step = _compiled(cfg, engine.draft_spec)
     mesh = getattr(engine, "mesh", None)  # a target placed on a mesh is traced there, as `Engine.generate` does
     with sharding.use(mesh, "inference"):

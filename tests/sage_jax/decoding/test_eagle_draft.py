@@ -36,7 +36,7 @@ def test_eagle_head_matches_ar(tiny_lm, tmp_path):
     engine = load_engine(CausalLM(target), path)  # a head checkpoint is recognised as an EAGLE draft
     assert engine.draft_spec.kind == "eagle" and engine.description == f"EAGLE head {path}"
     assert engine.acceptance_prior == prior
-    vocab = engine._lm_d.vocab
+    vocab = engine.draft.vocab
     assert isinstance(vocab, DraftVocab) and np.asarray(vocab.ids).tolist() == ids.tolist()
     out = engine.generate(prompts, policy="sage", max_new_tokens=24)
     assert out.token_ids == ref and out.stats.draft_forwards > out.stats.steps
@@ -69,8 +69,8 @@ def test_fused_head_with_its_own_vocab_head_matches_ar(tiny_lm, tmp_path):
     path = lm_checkpoint.save_head(str(tmp_path / "head3"), cfg, params, target_cfg=target.cfg, vocab_ids=ids,
                                    taps=(0, 1, 2))
     loaded = load_engine(CausalLM(target), path)
-    assert loaded._lm_d.taps == (0, 1, 2) and "lm_head" not in loaded._lm_d.head
-    np.testing.assert_array_equal(np.asarray(loaded._lm_d.vocab.head), np.asarray(params["lm_head"]))
+    assert loaded.draft.taps == (0, 1, 2) and "lm_head" not in loaded.draft.head
+    np.testing.assert_array_equal(np.asarray(loaded.draft.vocab.head), np.asarray(params["lm_head"]))
     # (a trained fused head decodes from its checkpoint in tests/sage_jax/training/test_features.py)
     with pytest.raises(ValueError, match="taps"):
         EagleWeights.build(cfg, params, ids, serving.cfg, serving.embed, serving.lm_head, taps=(0, 1))

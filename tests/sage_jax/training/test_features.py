@@ -196,7 +196,7 @@ def test_fused_recipe_trains_saves_and_decodes_losslessly(tmp_path):
     prompts = [[3, 4, 5, 6, 8], [9, 10, 11]]
     ref = Engine(target).generate(prompts, policy="ar", max_new_tokens=16).token_ids
     engine = load_engine(CausalLM(target), e["path"])
-    assert engine._lm_d.taps == (0, 1)
+    assert engine.draft.taps == (0, 1)
     out = engine.generate(prompts, policy="sage", max_new_tokens=16)
     assert out.token_ids == ref and out.stats.mean_accepted > 0
     # a point of the acceptance-vs-training curve: the last training checkpoint, exported on its own
