@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
+from pallas_kernels import checks
 from pallas_kernels.exact_attention.blocks import QUERY_TILE, SLOT_BLOCK
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -190,23 +191,16 @@ def check_inputs(q, k_cache, v_cache, pad, start, window, k_new=None, v_new=None
     """Raises ValueError naming the first broken contract."""
     if (k_new is None) != (v_new is None):
         raise ValueError("give both k_new and v_new (overlay mode) or neither (written mode)")
-    ranks = {"q": (q, 4), "k_cache": (k_cache, 4), "v_cache": (v_cache, 4), "pad": (pad, 1), "start": (start, 1),
-             "window": (window, 3)}
-    if k_new is not None:
-        ranks.update(k_new=(k_new, 4), v_new=(v_new, 4))
-    for name, (x, rank) in ranks.items():
-        if x.ndim != rank:
-            raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
+    new = {} if k_new is None else {"k_new": (k_new, 4), "v_new": (v_new, 4)}
+    checks.ranks(q=(q, 4), k_cache=(k_cache, 4), v_cache=(v_cache, 4), pad=(pad, 1), start=(start, 1),
+                 window=(window, 3), **new)
     b, t, n, h = q.shape
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
     if k_new is not None and k_new.shape != v_new.shape:
         raise ValueError(f"k_new {k_new.shape} and v_new {v_new.shape} differ")
-    batch = {"k_cache": k_cache.shape[0], "pad": pad.shape[0], "start": start.shape[0], "window": window.shape[0]}
-    if k_new is not None:
-        batch["k_new"] = k_new.shape[0]
-    if any(v != b for v in batch.values()):
-        raise ValueError(f"batch sizes disagree: q has B={b}, " + ", ".join(f"{k} {v}" for k, v in batch.items()))
+    checks.batch(b, k_cache=k_cache.shape[0], pad=pad.shape[0], start=start.shape[0], window=window.shape[0],
+                 **({} if k_new is None else {"k_new": k_new.shape[0]}))
     kh = k_cache.shape[2]
     if k_cache.shape[3] != h or (k_new is not None and k_new.shape[3] != h):
         raise ValueError(f"head dims disagree: q {h}, k_cache {k_cache.shape[3]}"

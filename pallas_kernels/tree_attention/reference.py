@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from pallas_kernels import checks
+
 # Finite (as in sage_jax.models.layers), so a query that sees no key gets a uniform softmax instead of NaN.
 MASK_VALUE = -1e30
 
@@ -50,20 +52,15 @@ def tree_attention_reference(q: Float[Array, "B T N H"], k_cache: Float[Array, "
 
 def check_inputs(q, k_cache, v_cache, length, pad, k_new, v_new, mask_new, *, kernel: bool) -> None:
     """Raises ValueError naming the first broken contract; `kernel`: also the kernels' head-dim limit."""
-    ranks = {"q": (q, 4), "k_cache": (k_cache, 4), "v_cache": (v_cache, 4), "length": (length, 1),
-             "pad": (pad, 1), "k_new": (k_new, 4), "v_new": (v_new, 4), "mask_new": (mask_new, 3)}
-    for name, (x, rank) in ranks.items():
-        if x.ndim != rank:
-            raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
+    checks.ranks(q=(q, 4), k_cache=(k_cache, 4), v_cache=(v_cache, 4), length=(length, 1), pad=(pad, 1),
+                 k_new=(k_new, 4), v_new=(v_new, 4), mask_new=(mask_new, 3))
     b, t, n, h = q.shape
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} differ")
     if k_new.shape != v_new.shape:
         raise ValueError(f"k_new {k_new.shape} and v_new {v_new.shape} differ")
-    batch = {"k_cache": k_cache.shape[0], "k_new": k_new.shape[0], "mask_new": mask_new.shape[0],
-             "length": length.shape[0], "pad": pad.shape[0]}
-    if any(v != b for v in batch.values()):
-        raise ValueError(f"batch sizes disagree: q has B={b}, " + ", ".join(f"{k} {v}" for k, v in batch.items()))
+    checks.batch(b, k_cache=k_cache.shape[0], k_new=k_new.shape[0], mask_new=mask_new.shape[0],
+                 length=length.shape[0], pad=pad.shape[0])
     if k_cache.shape[3] != h or k_new.shape[3] != h:
         raise ValueError(f"head dims disagree: q {h}, k_cache {k_cache.shape[3]}, k_new {k_new.shape[3]}")
     if k_cache.shape[2] != k_new.shape[2]:
