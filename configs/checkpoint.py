@@ -63,14 +63,17 @@ def cache_dir() -> str:
 
 
 def stamp(path: str) -> str:
-    """Identity of a file's current contents without reading it: path, size, mtime."""
+    """Identity of a file's current contents without reading it: path, inode, size, mtime and ctime. The ctime moves
+    with every write and no call sets it back (`os.utime` restores an mtime, not a ctime), so bytes changed in place
+    at the same size and mtime still give a new stamp."""
     st = os.stat(path)
-    return hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = f"{os.path.realpath(path)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def verified_sha256(path: str | os.PathLike, remember: bool = True) -> str:
-    """sha256 of `path`, remembered in the cache dir per (path, size, mtime) so it is read once (`remember=False`:
-    read now and not remembered, for files that live a short while, e.g. a training run's checkpoints)."""
+    """sha256 of `path`, remembered in the cache dir per `stamp` so it is read once (`remember=False`: read now and
+    not remembered, for files that live a short while, e.g. a training run's checkpoints)."""
     path = os.fspath(path)
     if not remember:
         return provenance.file_sha256(path)

@@ -153,7 +153,8 @@ def read(spec: str | os.PathLike):
 
 
 def cache_path(path: str | os.PathLike) -> str:
-    """Where the conversion cache keeps GGUF file `path` (keyed by path, size and mtime)."""
+    """Where the conversion cache keeps GGUF file `path` (keyed by its `checkpoint.stamp`: a changed file is
+    converted anew)."""
     path = os.path.abspath(os.fspath(path))
     stem = os.path.splitext(os.path.basename(path))[0]
     return os.path.join(cache_dir(), "lm", f"{stem}-{checkpoint.stamp(path)}")

@@ -167,6 +167,28 @@ def test_every_checkpoint_carries_its_sums_and_every_load_checks_them(tmp_path, 
         assert "\n" not in str(e.value) and os.fspath(b) in str(e.value)
 
 
+def test_a_remembered_digest_never_hides_bytes_changed_in_place(tmp_path, monkeypatch):
+    """A file's digest is remembered after a first read; bytes changed in place afterwards, at the same size and
+    with the mtime set back, are read again (the stamp holds the ctime), so a checkpoint changed so fails its sums."""
+    import time
+
+    from configs import provenance
+
+    monkeypatch.setenv("SAGE_JAX_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"a" * 64)
+    first = checkpoint.verified_sha256(f)
+    assert os.listdir(tmp_path / "cache" / "sha256")  # remembered
+    st = os.stat(f)
+    time.sleep(0.05)  # past the file system's timestamp tick
+    with open(f, "r+b") as h:
+        h.seek(10)
+        h.write(b"b")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(f).st_size == st.st_size and os.stat(f).st_mtime_ns == st.st_mtime_ns
+    assert checkpoint.verified_sha256(f) == provenance.file_sha256(str(f)) != first
+
+
 def test_training_checkpoints_carry_their_sums_and_a_damaged_step_is_one_line(tmp_path):
     """`seal_step` / `restore_step`: a training run's checkpoints are checked like every other; a damaged step
     (sealed or from before the sums) is one line that names its folder and how to resume from the step before."""
