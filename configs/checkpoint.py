@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from configs import provenance
+from configs import cli, provenance
 
 FORMAT = "sage-jax-checkpoint"
 FORMAT_VERSION = 1
@@ -104,9 +104,8 @@ def write_sums(path: str | os.PathLike, remember: bool = True) -> str:
     path = os.fspath(path)
     text = "".join(f"{verified_sha256(os.path.join(path, rel), remember)}  {rel}\n" for rel in summed_files(path))
     file = os.path.join(path, SUMS_FILE)
-    with open(file + ".tmp", "w") as f:
+    with cli.written(file) as f:
         f.write(text)
-    os.replace(file + ".tmp", file)
     return file
 
 

@@ -224,24 +224,21 @@ def end_outputs(path: str, wrote: Sequence[str]) -> None:
 
 @contextlib.contextmanager
 def written(path: str, mode: str = "w") -> Iterator:
-    """An output file opened beside `path` and renamed onto it when the block ends without error: an interrupted or
-    failed write never leaves a torn file that a rerun or a reader would trust (the partial one is removed)."""
-    partial = f"{path}.partial-{os.getpid()}"
-    try:
-        with open(partial, mode) as f:
-            yield f
-        os.replace(partial, path)
-    finally:
-        if os.path.lexists(partial):
-            os.remove(partial)
+    """An output file opened beside `path` and renamed onto it when the block ends without error (`replacing`): an
+    interrupted or failed write never leaves a torn file that a rerun or a reader would trust."""
+    with replacing(path) as staged, open(staged, mode) as f:
+        yield f
 
 
 @contextlib.contextmanager
-def replacing(path: str) -> Iterator[str]:
-    """An output written beside `path` and put in its place only when complete: yields a fresh path in the same
-    folder (nothing there yet) for the writer; on success whatever was at `path` is replaced by it (renames, then the
-    old one removed: never a merge of old and new), on any failure or Ctrl-C the partial output is removed and
-    `path` is as it was."""
+def replacing(path: str, *, unless: Callable[[str], bool] | None = None) -> Iterator[str]:
+    """The project's one way to write an output whole or not at all: yields a fresh path in the same folder (in a
+    scratch folder of a unique name, so two processes writing the same output never share one) for the writer to
+    create a file or a folder at; on success it is put in `path`'s place (a file by one atomic rename: a reader sees
+    the old one or the new one; a folder, or over one, by renaming the old aside first, then removing it: never a
+    merge of old and new), on any failure or Ctrl-C the partial output is removed and `path` is as it was. With
+    `unless`, what is at `path` when the block ends is kept if `unless(path)` (a concurrent writer's equal output
+    that won the race, which a reader may be using) and the new output dropped."""
     import shutil
     import tempfile
 
@@ -251,6 +248,11 @@ def replacing(path: str) -> Iterator[str]:
     staged = os.path.join(scratch, "out")
     try:
         yield staged
+        if unless is not None and unless(path):
+            return
+        if not os.path.isdir(staged) and not os.path.isdir(path):
+            os.replace(staged, path)
+            return
         old = os.path.join(scratch, "old")
         if os.path.lexists(path):
             os.rename(path, old)

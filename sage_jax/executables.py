@@ -23,11 +23,12 @@ import functools
 import hashlib
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from configs import cli
 
 #: Bumped when what an entry holds changes.
 FORMAT = 1
@@ -131,11 +132,8 @@ class Store:
 
     def _write(self, path: str, data: bytes) -> None:
         """`data` to `path`, written beside it and renamed: a reader sees the old file or the new one, never half."""
-        os.makedirs(self.directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
+        with cli.written(path, "wb") as fh:
             fh.write(data)
-        os.replace(tmp, path)
 
     def _note(self, k: str) -> None:
         """Adds `k` to the keys the hint names (written atomically; a store that cannot be written is skipped)."""

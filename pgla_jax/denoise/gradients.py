@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import sharding
+from configs import cli, sharding
 from pgla_jax import data, fl
 from pgla_jax.config import GradientDataConfig
 from pgla_jax.models import split_victim
@@ -70,19 +70,19 @@ def _build(cfg: GradientDataConfig, out_dir: str, progress) -> str:
 
     rng = np.random.default_rng(cfg.seed)
     varied = np.random.default_rng((cfg.seed, 1))  # its own stream: `augment` = 0 keeps the same images as before
-    writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
-    count, size = 0, None
-    for _ in range(cfg.steps):
-        idx = rng.choice(len(ds.labels), cfg.per_step, replace=False)
-        images = augment(ds.images[idx], cfg.augment, varied) if cfg.augment else ds.images[idx]
-        params, flat = step(params, jnp.asarray(images), jnp.asarray(ds.labels[idx]))
-        for v in np.asarray(flat, np.float32):
-            writer.write(v.tobytes())
-            count, size = count + 1, v.size
-        progress and progress(1)
-    writer.close()
-    os.replace(path + ".tmp", path)
-    with open(meta_path, "w") as f:
+    with cli.replacing(path) as staged:
+        writer = ArrayRecordWriter(staged, "group_size:1")
+        count, size = 0, None
+        for _ in range(cfg.steps):
+            idx = rng.choice(len(ds.labels), cfg.per_step, replace=False)
+            images = augment(ds.images[idx], cfg.augment, varied) if cfg.augment else ds.images[idx]
+            params, flat = step(params, jnp.asarray(images), jnp.asarray(ds.labels[idx]))
+            for v in np.asarray(flat, np.float32):
+                writer.write(v.tobytes())
+                count, size = count + 1, v.size
+            progress and progress(1)
+        writer.close()
+    with cli.written(meta_path) as f:
         json.dump({"config": want, "count": count, "size": size, "dtype": "float32"}, f)
     return path
 

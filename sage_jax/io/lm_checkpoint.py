@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from configs import checkpoint, sharding
+from configs import checkpoint, cli, sharding
 from sage_jax.io.hf import flatten
 from sage_jax.models.config import LMConfig
 from sage_jax.models.decoder import Decoder
@@ -267,7 +267,6 @@ def write_acceptance(path: str | os.PathLike, data: Mapping[str, Any]) -> str:
     if kind_of(path) not in DRAFT_KINDS:
         raise ValueError(f"{os.fspath(path)} is not a draft checkpoint of ours (an LM, a VLM or an EAGLE-style head)")
     file = os.path.join(os.fspath(path), ACCEPTANCE_FILE)
-    with open(file + ".tmp", "w") as f:
+    with cli.written(file) as f:
         json.dump(data, f, indent=1)
-    os.replace(file + ".tmp", file)
     return file

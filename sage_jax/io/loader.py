@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 import warnings
 
-from configs import checkpoint, provenance
+from configs import checkpoint, cli, provenance
 from sage_jax.io import architectures, gguf, hf, lm_checkpoint, vlm_checkpoint
 from sage_jax.models.causal_lm import CausalLM
 
@@ -161,15 +159,9 @@ def cache_path(path: str | os.PathLike) -> str:
 
 
 def _save_atomically(out: str, cfg, params, tok, provenance) -> None:
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(out))
-    try:
-        lm_checkpoint.save_lm(os.path.join(tmp, "ckpt"), cfg, params, tok, provenance=provenance)
-        if not lm_checkpoint.is_checkpoint(out):  # a concurrent process may have won the race: keep theirs
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(os.path.join(tmp, "ckpt"), out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # A concurrent process converting the same file may have won the race: keep theirs (it may be reading it).
+    with cli.replacing(out, unless=lm_checkpoint.is_checkpoint) as staged:
+        lm_checkpoint.save_lm(staged, cfg, params, tok, provenance=provenance)
 
 
 def load_lm(spec: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache: bool = True):

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import grain
 import numpy as np
 
+from configs import cli
+
 DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
 HELDOUT_MOD = 10
 KINDS = ("code", "explanation", "rewriting", "lists")  # of the corpus prompts
@@ -169,11 +171,11 @@ def save(path_prefix: str, arrays: dict[str, np.ndarray]) -> None:
     """`<prefix>.npz` (integer arrays) + `<prefix>.features.npy` (when present). Atomic per file."""
     os.makedirs(os.path.dirname(os.path.abspath(path_prefix)), exist_ok=True)
     ints = {k: v for k, v in arrays.items() if k != "features"}
-    np.savez(path_prefix + ".tmp.npz", **ints)
-    os.replace(path_prefix + ".tmp.npz", path_prefix + ".npz")
+    with cli.written(path_prefix + ".npz", "wb") as f:
+        np.savez(f, **ints)
     if "features" in arrays:
-        np.save(path_prefix + ".features.tmp.npy", arrays["features"])
-        os.replace(path_prefix + ".features.tmp.npy", path_prefix + ".features.npy")
+        with cli.written(path_prefix + ".features.npy", "wb") as f:
+            np.save(f, arrays["features"])
 
 
 def load(path_prefix: str, *, features: bool = True) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from configs import cli
 from sage_jax.io import lm_checkpoint, loader
 from sage_jax.models import eagle_head
 from sage_jax.models.config import LMConfig
@@ -148,22 +149,22 @@ def _generate(c: DraftRecipe, lm_t, cfg: LMConfig, workdir: str, name: str, ids:
         done = min(s + rows, len(ids))
         log(f"[data] {name}: {done}/{len(ids)} answers with features, {time.perf_counter() - t0:.0f}s")
     merged = {"tokens": np.full((len(ids), length), cfg.pad_token_id, np.int32)}
-    merged["features"] = np.lib.format.open_memmap(prefix + ".features.tmp.npy", mode="w+", dtype=np.float32,
-                                                  shape=(len(ids), length, cfg.d_model))
-    for key in ("lengths", "answer_start", "kind"):
-        merged[key] = np.zeros((len(ids),), np.int32)
-    r = 0
-    for shard in shards:
-        part = ddata.load(shard)
-        n, w = part["tokens"].shape
-        merged["tokens"][r: r + n, :w] = part["tokens"]
-        merged["features"][r: r + n, :w] = part["features"]
-        merged["features"][r: r + n, w:] = 0.0
+    with cli.replacing(prefix + ".features.npy") as staged:
+        merged["features"] = np.lib.format.open_memmap(staged, mode="w+", dtype=np.float32,
+                                                      shape=(len(ids), length, cfg.d_model))
         for key in ("lengths", "answer_start", "kind"):
-            merged[key][r: r + n] = part[key]
-        r += n
-    merged["features"].flush()
-    os.replace(prefix + ".features.tmp.npy", prefix + ".features.npy")
+            merged[key] = np.zeros((len(ids),), np.int32)
+        r = 0
+        for shard in shards:
+            part = ddata.load(shard)
+            n, w = part["tokens"].shape
+            merged["tokens"][r: r + n, :w] = part["tokens"]
+            merged["features"][r: r + n, :w] = part["features"]
+            merged["features"][r: r + n, w:] = 0.0
+            for key in ("lengths", "answer_start", "kind"):
+                merged[key][r: r + n] = part[key]
+            r += n
+        merged["features"].flush()
     ddata.save(prefix, {k: v for k, v in merged.items() if k != "features"})
     for shard in shards:
         for suffix in (".npz", ".features.npy"):

@@ -35,6 +35,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 from jaxtyping import Array, Float, Int
 
+from configs import cli
 from sage_jax.models.serving_lm import LM
 from sage_jax.training import data as ddata
 from sage_jax.training import online
@@ -85,22 +86,22 @@ def write_shards(model: LM, rows: dict[str, np.ndarray], directory: str, name: s
         paths.append(path)
         if os.path.exists(path) and _holds(path, rows, np.arange(s, min(s + shard_rows, n)), z):
             continue
-        writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
-        for b0 in range(s, min(s + shard_rows, n), batch):
-            idx = np.arange(b0, min(b0 + batch, n))
-            # the batch's rows cut to the 32-multiple holding the longest (a compiled shape per bucket, <= T/32)
-            w = min(t, -(-int(np.max(rows["lengths"][idx])) // 32) * 32)
-            toks = rows["tokens"][np.concatenate([idx, np.full(batch - len(idx), idx[-1])]), :w]
-            feats, hidden, top = jax.device_get(teacher_forced(model, jnp.asarray(toks), taps))
-            grow = lambda a, w=w: np.pad(a, [(0, t - w)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
-            for j, r in enumerate(idx):
-                rec = {"tokens": rows["tokens"][r], "features": grow(feats[j]), "hidden": grow(hidden[j]),
-                       "top": grow(top[j])}
-                rec.update({key: np.asarray(rows[key][r], np.int32) for key in SCALARS})
-                writer.write(encode_row(rec))
-            done_tokens += int(np.sum(rows["lengths"][idx]))
-        writer.close()
-        os.replace(path + ".tmp", path)
+        with cli.replacing(path) as staged:
+            writer = ArrayRecordWriter(staged, "group_size:1")
+            for b0 in range(s, min(s + shard_rows, n), batch):
+                idx = np.arange(b0, min(b0 + batch, n))
+                # the batch's rows cut to the 32-multiple holding the longest (a compiled shape per bucket, <= T/32)
+                w = min(t, -(-int(np.max(rows["lengths"][idx])) // 32) * 32)
+                toks = rows["tokens"][np.concatenate([idx, np.full(batch - len(idx), idx[-1])]), :w]
+                feats, hidden, top = jax.device_get(teacher_forced(model, jnp.asarray(toks), taps))
+                grow = lambda a, w=w: np.pad(a, [(0, t - w)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
+                for j, r in enumerate(idx):
+                    rec = {"tokens": rows["tokens"][r], "features": grow(feats[j]), "hidden": grow(hidden[j]),
+                           "top": grow(top[j])}
+                    rec.update({key: np.asarray(rows[key][r], np.int32) for key in SCALARS})
+                    writer.write(encode_row(rec))
+                done_tokens += int(np.sum(rows["lengths"][idx]))
+            writer.close()
         log(f"[features] {name}: {min(s + shard_rows, n)}/{n} rows, {done_tokens / (time.perf_counter() - t0):.0f} "
             f"tokens/s")
     return paths

@@ -34,7 +34,7 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from configs import checkpoint, sharding
+from configs import checkpoint, cli, sharding
 from sage_jax.training import data as ddata
 from sage_jax.training.objectives import Task
 from sage_jax.training.recipe import TrainConfig
@@ -90,9 +90,8 @@ def read_json(path: str, default):
 
 def write_json(path: str, obj) -> None:
     """Writes `obj` to `path` whole or not at all (a file beside it, then renamed)."""
-    with open(path + ".tmp", "w") as f:
+    with cli.written(path) as f:
         json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def replicate(tree, mesh):

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import cli
 from sage_jax.models import eagle_head, serving_lm
 from sage_jax.models import llava_onevision as lo
 from sage_jax.training import loop, vlm_data, vlm_model
@@ -189,8 +190,8 @@ def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: st
             clip_rows = clip_rollout(parts, params, c.draft_clips, np.random.default_rng([c.seed, 6]))
             data = left_padded(parts, [data, features(parts, params, clip_rows)])
         os.makedirs(os.path.dirname(data_file), exist_ok=True)
-        np.savez(data_file + ".tmp.npz", **data)
-        os.replace(data_file + ".tmp.npz", data_file)
+        with cli.written(data_file, "wb") as f:
+            np.savez(f, **data)
     sc = c.draft
 
     def batch_fn(step: int) -> dict:

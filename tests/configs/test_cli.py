@@ -2,6 +2,7 @@
 typed by the consuming dataclass, and every preset of configs/ validated by its package."""
 
 import dataclasses
+import os
 from typing import Literal
 
 import ml_collections
@@ -268,6 +269,17 @@ def test_written_never_leaves_a_torn_file(tmp_path):
     with cli.written(str(out)) as f:
         f.write('{"new": true}')
     assert out.read_text() == '{"new": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    # Two writers of one output at once (two processes, or blocks inside each other) never share a partial file:
+    # the last to finish puts its own whole.
+    with cli.written(str(out)) as a, cli.written(str(out)) as b:
+        assert a.name != b.name
+        a.write("A")
+        b.write("B")
+    assert out.read_text() == "A"
+    # `unless`: an output already there (a concurrent writer's, which won the race) is kept, the new one dropped.
+    with cli.replacing(str(out), unless=os.path.isfile) as staged, open(staged, "w") as f:
+        f.write("lost")
+    assert out.read_text() == "A" and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
 def test_a_forced_rerun_replaces_the_earlier_results_and_nothing_else(tmp_path):
