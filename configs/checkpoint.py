@@ -249,12 +249,11 @@ class Writer:
     CHUNK_BYTES = 16 << 20
 
     def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
-        import tempfile
-
         self.path = os.path.abspath(os.fspath(path))
         _refuse_existing(self.path, overwrite)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._tmp = tempfile.mkdtemp(prefix=".writing-", dir=os.path.dirname(self.path))
+        # Staged beside `path` and moved there by `commit` (`cli.replacing`); dropped unless committed.
+        self._staging = contextlib.ExitStack()
+        self._tmp = self._staging.enter_context(cli.replacing(self.path))
         self._params = os.path.join(self._tmp, PARAMS_DIR)
         os.makedirs(self._params)
         self._shapes: dict[str, Any] = {}
@@ -265,10 +264,10 @@ class Writer:
         return self
 
     def __exit__(self, *exc) -> None:
-        import shutil
-
         self._arrays.clear()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        if exc[0] is None:  # left without `commit`: nothing appears at `path`
+            exc = (CheckpointError, CheckpointError(f"{self.path} was not committed"), None)
+        self._staging.__exit__(*exc)  # a no-op after `commit`
 
     @classmethod
     def chunk_shape(cls, shape: tuple[int, ...], itemsize: int, stacked: bool = False) -> list[int]:
@@ -309,7 +308,6 @@ class Writer:
 
     def commit(self, *, config: Any = None, kind: str = "", provenance: Mapping[str, Any] | None = None) -> str:
         """Writes the tree and metadata files and moves the checkpoint to `path`. Returns the path."""
-        import shutil
 
         if not self._shapes:
             raise CheckpointError(f"nothing to save at {self.path}")
@@ -329,9 +327,7 @@ class Writer:
         with open(os.path.join(self._tmp, METADATA_FILE), "w") as f:
             json.dump(_metadata(kind, config, provenance, dict(sorted(self._shapes.items()))), f, indent=1)
         write_sums(self._tmp)  # relative paths: valid after the move below
-        if os.path.exists(self.path):
-            shutil.rmtree(self.path)  # overwrite=True (checked on creation)
-        os.replace(self._tmp, self.path)
+        self._staging.close()  # in place of what was there (overwrite=True, checked on creation)
         return self.path
 
 
