@@ -308,7 +308,6 @@ class Writer:
 
     def commit(self, *, config: Any = None, kind: str = "", provenance: Mapping[str, Any] | None = None) -> str:
         """Writes the tree and metadata files and moves the checkpoint to `path`. Returns the path."""
-
         if not self._shapes:
             raise CheckpointError(f"nothing to save at {self.path}")
         self._arrays.clear()

@@ -169,7 +169,6 @@ def encode(tokenizer, text: str, vocab_size: int) -> list[int]:
 
 def save(path_prefix: str, arrays: dict[str, np.ndarray]) -> None:
     """`<prefix>.npz` (integer arrays) + `<prefix>.features.npy` (when present). Atomic per file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path_prefix)), exist_ok=True)
     ints = {k: v for k, v in arrays.items() if k != "features"}
     with cli.written(path_prefix + ".npz", "wb") as f:
         np.savez(f, **ints)

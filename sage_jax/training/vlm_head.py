@@ -189,8 +189,7 @@ def train_head(c: VLMRecipe, parts: vlm_model.Parts, params: dict, head_path: st
                 raise ValueError("draft_clips: this VLM takes images only (no video token)")
             clip_rows = clip_rollout(parts, params, c.draft_clips, np.random.default_rng([c.seed, 6]))
             data = left_padded(parts, [data, features(parts, params, clip_rows)])
-        os.makedirs(os.path.dirname(data_file), exist_ok=True)
-        with cli.written(data_file, "wb") as f:
+        with cli.written(data_file, "wb") as f:  # (cli.replacing makes its folder)
             np.savez(f, **data)
     sc = c.draft
 
